@@ -47,6 +47,7 @@ type fakeEdge struct {
 	// frozen node; entered gets a value as each create starts waiting.
 	hold    chan struct{}
 	entered chan struct{}
+	queries []sandboxpage.Query // every List the edge answered
 }
 
 func newFakeEdge(node string) *fakeEdge {
@@ -162,6 +163,7 @@ func (f *fakeEdge) List(ctx context.Context, labels map[string]string, states []
 func (f *fakeEdge) Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbox, int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.queries = append(f.queries, q)
 	page, total := sandboxpage.PickRecords(q, f.sbs)
 	return page, total, nil
 }

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
@@ -296,6 +298,94 @@ func TestQuotas(t *testing.T) {
 	if n := len(liveIn(edge, "a")); n != before {
 		t.Errorf("the refused batch made sandboxes: %d live, %d before", n, before)
 	}
+}
+
+// TestQuotaSweepTally: a sweep asks each node for its live sandboxes
+// summed by project, not for the sandboxes, and sets each project's use
+// from the sums as it did from the sandboxes: the same from an edge from
+// before tallies, which answers the sandboxes.
+func TestQuotaSweepTally(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, p := range []string{"a", "b"} {
+		if _, err := st.CreateProject(ctx, iam.NodeAdmin(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	specs := map[string][]*dsecv1.SandboxSpec{
+		"a": {{Cpus: 0.25, MemoryMb: 300}, {}, {Cpus: 2, DiskMb: 2048}},
+		"b": {{Cpus: 1.0001}},
+		"":  {{MemoryMb: 64}},
+	}
+	edges := []*fakeEdge{newFakeEdge("n1"), newFakeEdge("n2")}
+	want := map[string]store.Amounts{}
+	i := 0
+	for project, ss := range specs {
+		want[project] = store.Amounts{}
+		for _, spec := range ss {
+			spec.Environment = "base:1"
+			spec.Labels = map[string]string{}
+			if project != "" {
+				spec.Labels[ProjectLabel] = project
+			}
+			e := edges[i%2]
+			i++
+			id := e.NewID()
+			e.sbs[id] = &dsecv1.Sandbox{Id: id, State: dsecv1.State_STATE_RUNNING, Spec: spec}
+			for r, v := range amountsOf(spec, 1) {
+				want[project][r] += v
+			}
+		}
+	}
+	// Neither an ended sandbox nor a pooled one counts.
+	edges[0].sbs["gone"] = &dsecv1.Sandbox{Id: "gone", State: dsecv1.State_STATE_STOPPED, Spec: &dsecv1.SandboxSpec{Labels: map[string]string{ProjectLabel: "a"}}}
+	edges[1].sbs["pooled"] = &dsecv1.Sandbox{Id: "pooled", State: dsecv1.State_STATE_RUNNING, Spec: &dsecv1.SandboxSpec{Labels: map[string]string{FnCallPoolLabel: "python"}}}
+	for _, old := range []bool{false, true} {
+		nodes := nodesOf(edges...)
+		if old {
+			for i := range nodes {
+				nodes[i].Edge = untallied{nodes[i].Edge}
+			}
+		}
+		s := New(Config{Auth: st, Quotas: st}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
+		for _, p := range []string{"a", "b"} {
+			if err := st.SetUse(ctx, p, store.Sandboxes, 9); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, e := range edges {
+			e.queries = nil
+		}
+		s.reconcileQuotas(ctx)
+		for _, e := range edges {
+			if len(e.queries) != 1 || (e.queries[0].Tally == nil) != old {
+				t.Errorf("old edge %v: node %s was asked %+v, want one question, a tally unless old", old, e.node, e.queries)
+			}
+		}
+		us, err := st.Uses(ctx, countedResources)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range us {
+			if w, ok := want[u.Project][u.Resource]; ok && u.Own != w {
+				t.Errorf("old edge %v: project %q's own %s after a sweep: %d, want %d", old, u.Project, u.Resource, u.Own, w)
+			}
+		}
+	}
+}
+
+// untallied is an edge from before tallies: it answers a List's sandboxes,
+// its tally unread.
+type untallied struct{ watcher.Edge }
+
+func (u untallied) List(ctx context.Context, req *connect.Request[edgev1.ListRequest]) (*connect.Response[edgev1.ListResponse], error) {
+	m := proto.Clone(req.Msg).(*edgev1.ListRequest)
+	m.Tally = false
+	return u.Edge.List(ctx, connect.NewRequest(m))
 }
 
 // heldOf is what project's holds hold of sandboxes.

@@ -27,12 +27,18 @@ type Query struct {
 	// from the newest) in Sort's order. Size 0: every match.
 	Size  int
 	After *dsecv1.Sandbox
+	// Tally, when set, takes every match instead of the page: the page is
+	// empty, Total still counts them.
+	Tally Tally
 }
 
 // QueryOf is the query an edge's List request asks.
 func QueryOf(req *edgev1.ListRequest) Query {
 	q := Query{Labels: req.GetLabels(), States: req.GetStates(), Scoped: req.GetScoped(), Projects: req.GetProjects(),
 		Exclude: req.GetExcludeLabels(), Size: max(0, int(req.GetPageSize()))}
+	if req.GetTally() {
+		q.Tally = Tally{}
+	}
 	if req.GetAfterId() != "" {
 		q.After = &dsecv1.Sandbox{Id: req.GetAfterId(), CreatedUnixMs: req.GetAfterCreatedUnixMs()}
 	}
@@ -91,13 +97,18 @@ func before(at int64, id string, cur *dsecv1.Sandbox) bool {
 // NewPick starts gathering the answer to q.
 func NewPick[V any](q Query) *Pick[V] { return &Pick[V]{q: q} }
 
-// Offer counts sb when it matches, and keeps v when it also lies after
-// the cursor. sb's ID and created time must not change (they do not).
+// Offer counts sb when it matches, and then tallies it (a query with a
+// Tally) or keeps v when it lies after the cursor. sb's ID and created
+// time must not change (they do not).
 func (p *Pick[V]) Offer(sb *dsecv1.Sandbox, v V) {
 	if !p.q.Match(sb) {
 		return
 	}
 	p.total++
+	if p.q.Tally != nil {
+		p.q.Tally.Add(sb)
+		return
+	}
 	at, id := sb.GetCreatedUnixMs(), sb.GetId()
 	if p.q.After != nil && (before(at, id, p.q.After) || id == p.q.After.GetId() && at == p.q.After.GetCreatedUnixMs()) {
 		return

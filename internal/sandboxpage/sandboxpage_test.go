@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -139,5 +142,43 @@ func TestPick(t *testing.T) {
 	})
 	if ids(got) != ids(oldest) {
 		t.Errorf("unpaged: %s, want oldest first %s", ids(got), ids(oldest))
+	}
+}
+
+// TestTally: a query with a tally answers no page but its matches summed
+// by project, CPUs rounded up a sandbox and the specs that ask nothing
+// counted apart; the filter and the count apply as to a page.
+func TestTally(t *testing.T) {
+	mk := func(id, project string, spec *dsecv1.SandboxSpec, st dsecv1.State) *dsecv1.Sandbox {
+		spec.Labels = map[string]string{}
+		if project != "" {
+			spec.Labels["dsec.dev/project"] = project
+		}
+		return &dsecv1.Sandbox{Id: id, State: st, Spec: spec}
+	}
+	run := dsecv1.State_STATE_RUNNING
+	all := []*dsecv1.Sandbox{
+		mk("1", "a", &dsecv1.SandboxSpec{Cpus: 0.0001, MemoryMb: 100}, run),
+		mk("2", "a", &dsecv1.SandboxSpec{Cpus: 1.5, DiskMb: 10}, run),
+		mk("3", "a/b", &dsecv1.SandboxSpec{}, run),
+		mk("4", "", &dsecv1.SandboxSpec{Cpus: 2}, run),
+		mk("5", "a", &dsecv1.SandboxSpec{Cpus: 8}, dsecv1.State_STATE_STOPPED),
+		mk("6", "z", &dsecv1.SandboxSpec{Cpus: 8}, run),
+	}
+	q := Query{States: []dsecv1.State{run}, Scoped: true, Projects: []string{"a", "b"}, Tally: Tally{}}
+	p := NewPick[*dsecv1.Sandbox](q)
+	for _, x := range all {
+		p.Offer(x, x)
+	}
+	if page := p.Page(); len(page) != 0 || p.Total() != 3 {
+		t.Errorf("a tally's page %s, total %d; want none and 3", ids(page), p.Total())
+	}
+	got := q.Tally.List()
+	want := []*edgev1.ProjectTally{
+		{Project: "a", Sandboxes: 2, MilliCpus: 1 + 1500, MemoryMb: 100, MemoryUnset: 1, DiskMb: 10, DiskUnset: 1},
+		{Project: "a/b", Sandboxes: 1, CpusUnset: 1, MemoryUnset: 1, DiskUnset: 1},
+	}
+	if !slices.EqualFunc(got, want, func(a, b *edgev1.ProjectTally) bool { return proto.Equal(a, b) }) {
+		t.Errorf("tallies %v, want %v", got, want)
 	}
 }

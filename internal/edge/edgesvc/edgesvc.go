@@ -751,11 +751,16 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[dsecv1.GetReques
 }
 
 func (s *Service) List(ctx context.Context, req *connect.Request[edgev1.ListRequest]) (*connect.Response[edgev1.ListResponse], error) {
-	sbs, total, err := s.edge.Query(ctx, sandboxpage.QueryOf(req.Msg))
+	q := sandboxpage.QueryOf(req.Msg)
+	sbs, total, err := s.edge.Query(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&edgev1.ListResponse{Sandboxes: sbs, Total: int32(total), Filtered: true}), nil
+	resp := &edgev1.ListResponse{Sandboxes: sbs, Total: int32(total), Filtered: true}
+	if q.Tally != nil {
+		resp.Tallied, resp.Tallies = true, q.Tally.List()
+	}
+	return connect.NewResponse(resp), nil
 }
 
 func (s *Service) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteRequest]) (*connect.Response[dsecv1.DeleteResponse], error) {

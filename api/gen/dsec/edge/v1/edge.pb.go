@@ -227,8 +227,13 @@ type ListRequest struct {
 	// ID; it may be gone). Only sandboxes after it in the page order answer.
 	AfterCreatedUnixMs int64  `protobuf:"varint,13,opt,name=after_created_unix_ms,json=afterCreatedUnixMs,proto3" json:"after_created_unix_ms,omitempty"`
 	AfterId            string `protobuf:"bytes,14,opt,name=after_id,json=afterId,proto3" json:"after_id,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// With tally, the answer holds the matches summed by project (tallies)
+	// instead of the sandboxes: what a quota sweep counts, without every
+	// sandbox's record on the wire. An edge from before it answers the
+	// sandboxes and leaves tallied false.
+	Tally         bool `protobuf:"varint,15,opt,name=tally,proto3" json:"tally,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListRequest) Reset() {
@@ -317,6 +322,13 @@ func (x *ListRequest) GetAfterId() string {
 	return ""
 }
 
+func (x *ListRequest) GetTally() bool {
+	if x != nil {
+		return x.Tally
+	}
+	return false
+}
+
 type ListResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Sandboxes []*v1.Sandbox          `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
@@ -325,7 +337,10 @@ type ListResponse struct {
 	Total int32 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
 	// The node applied scope, exclusion and page. An edge from before them
 	// (its answer read as a dsec.v1.ListResponse) leaves it false.
-	Filtered      bool `protobuf:"varint,10,opt,name=filtered,proto3" json:"filtered,omitempty"`
+	Filtered bool `protobuf:"varint,10,opt,name=filtered,proto3" json:"filtered,omitempty"`
+	// The node summed the matches by project (the request's tally).
+	Tallied       bool            `protobuf:"varint,11,opt,name=tallied,proto3" json:"tallied,omitempty"`
+	Tallies       []*ProjectTally `protobuf:"bytes,12,rep,name=tallies,proto3" json:"tallies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -381,6 +396,123 @@ func (x *ListResponse) GetFiltered() bool {
 	return false
 }
 
+func (x *ListResponse) GetTallied() bool {
+	if x != nil {
+		return x.Tallied
+	}
+	return false
+}
+
+func (x *ListResponse) GetTallies() []*ProjectTally {
+	if x != nil {
+		return x.Tallies
+	}
+	return nil
+}
+
+// ProjectTally sums the sandboxes of one project that matched a List: how
+// many, and what their specs ask, with how many asked nothing of each
+// (an apiserver charges those its defaults).
+type ProjectTally struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Project       string                 `protobuf:"bytes,1,opt,name=project,proto3" json:"project,omitempty"` // its dsec.dev/project label ("": the root's)
+	Sandboxes     int64                  `protobuf:"varint,2,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	MilliCpus     int64                  `protobuf:"varint,3,opt,name=milli_cpus,json=milliCpus,proto3" json:"milli_cpus,omitempty"` // a sandbox's CPUs × 1000, rounded up, summed
+	CpusUnset     int64                  `protobuf:"varint,4,opt,name=cpus_unset,json=cpusUnset,proto3" json:"cpus_unset,omitempty"`
+	MemoryMb      int64                  `protobuf:"varint,5,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	MemoryUnset   int64                  `protobuf:"varint,6,opt,name=memory_unset,json=memoryUnset,proto3" json:"memory_unset,omitempty"`
+	DiskMb        int64                  `protobuf:"varint,7,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	DiskUnset     int64                  `protobuf:"varint,8,opt,name=disk_unset,json=diskUnset,proto3" json:"disk_unset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProjectTally) Reset() {
+	*x = ProjectTally{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProjectTally) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProjectTally) ProtoMessage() {}
+
+func (x *ProjectTally) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProjectTally.ProtoReflect.Descriptor instead.
+func (*ProjectTally) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ProjectTally) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ProjectTally) GetSandboxes() int64 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *ProjectTally) GetMilliCpus() int64 {
+	if x != nil {
+		return x.MilliCpus
+	}
+	return 0
+}
+
+func (x *ProjectTally) GetCpusUnset() int64 {
+	if x != nil {
+		return x.CpusUnset
+	}
+	return 0
+}
+
+func (x *ProjectTally) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *ProjectTally) GetMemoryUnset() int64 {
+	if x != nil {
+		return x.MemoryUnset
+	}
+	return 0
+}
+
+func (x *ProjectTally) GetDiskMb() int64 {
+	if x != nil {
+		return x.DiskMb
+	}
+	return 0
+}
+
+func (x *ProjectTally) GetDiskUnset() int64 {
+	if x != nil {
+		return x.DiskUnset
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -389,7 +521,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +533,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +546,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
 }
 
 type NodeStatus struct {
@@ -479,7 +611,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -491,7 +623,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -504,7 +636,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -717,7 +849,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +861,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +874,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateRequest) GetSpec() *v1.SandboxSpec {
@@ -771,7 +903,7 @@ type CreateManyRequest struct {
 
 func (x *CreateManyRequest) Reset() {
 	*x = CreateManyRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +915,7 @@ func (x *CreateManyRequest) String() string {
 func (*CreateManyRequest) ProtoMessage() {}
 
 func (x *CreateManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +928,7 @@ func (x *CreateManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManyRequest.ProtoReflect.Descriptor instead.
 func (*CreateManyRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateManyRequest) GetSpec() *v1.SandboxSpec {
@@ -824,7 +956,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +968,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +981,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -876,7 +1008,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1020,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1033,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ForkResponse) GetResults() []*CreateResult {
@@ -927,7 +1059,7 @@ type CreateManyResponse struct {
 
 func (x *CreateManyResponse) Reset() {
 	*x = CreateManyResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1071,7 @@ func (x *CreateManyResponse) String() string {
 func (*CreateManyResponse) ProtoMessage() {}
 
 func (x *CreateManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1084,7 @@ func (x *CreateManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManyResponse.ProtoReflect.Descriptor instead.
 func (*CreateManyResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateManyResponse) GetResults() []*CreateResult {
@@ -975,7 +1107,7 @@ type CreateResult struct {
 
 func (x *CreateResult) Reset() {
 	*x = CreateResult{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -987,7 +1119,7 @@ func (x *CreateResult) String() string {
 func (*CreateResult) ProtoMessage() {}
 
 func (x *CreateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1000,7 +1132,7 @@ func (x *CreateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResult.ProtoReflect.Descriptor instead.
 func (*CreateResult) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateResult) GetSandbox() *v1.Sandbox {
@@ -1035,7 +1167,7 @@ type ReapRequest struct {
 
 func (x *ReapRequest) Reset() {
 	*x = ReapRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1179,7 @@ func (x *ReapRequest) String() string {
 func (*ReapRequest) ProtoMessage() {}
 
 func (x *ReapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1192,7 @@ func (x *ReapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapRequest.ProtoReflect.Descriptor instead.
 func (*ReapRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReapRequest) GetTokens() []string {
@@ -1093,7 +1225,7 @@ type ReapResponse struct {
 
 func (x *ReapResponse) Reset() {
 	*x = ReapResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1237,7 @@ func (x *ReapResponse) String() string {
 func (*ReapResponse) ProtoMessage() {}
 
 func (x *ReapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1250,7 @@ func (x *ReapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapResponse.ProtoReflect.Descriptor instead.
 func (*ReapResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReapResponse) GetRemovedIds() []string {
@@ -1137,7 +1269,7 @@ type GoneRequest struct {
 
 func (x *GoneRequest) Reset() {
 	*x = GoneRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[16]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1281,7 @@ func (x *GoneRequest) String() string {
 func (*GoneRequest) ProtoMessage() {}
 
 func (x *GoneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[16]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1294,7 @@ func (x *GoneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneRequest.ProtoReflect.Descriptor instead.
 func (*GoneRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{16}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GoneRequest) GetIds() []string {
@@ -1181,7 +1313,7 @@ type GoneResponse struct {
 
 func (x *GoneResponse) Reset() {
 	*x = GoneResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[17]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1325,7 @@ func (x *GoneResponse) String() string {
 func (*GoneResponse) ProtoMessage() {}
 
 func (x *GoneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[17]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1338,7 @@ func (x *GoneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneResponse.ProtoReflect.Descriptor instead.
 func (*GoneResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{17}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GoneResponse) GetIds() []string {
@@ -1237,7 +1369,7 @@ type SignReceiptRequest struct {
 
 func (x *SignReceiptRequest) Reset() {
 	*x = SignReceiptRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1381,7 @@ func (x *SignReceiptRequest) String() string {
 func (*SignReceiptRequest) ProtoMessage() {}
 
 func (x *SignReceiptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1394,7 @@ func (x *SignReceiptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignReceiptRequest.ProtoReflect.Descriptor instead.
 func (*SignReceiptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SignReceiptRequest) GetReceipt() []byte {
@@ -1297,7 +1429,7 @@ type SignReceiptResponse struct {
 
 func (x *SignReceiptResponse) Reset() {
 	*x = SignReceiptResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1441,7 @@ func (x *SignReceiptResponse) String() string {
 func (*SignReceiptResponse) ProtoMessage() {}
 
 func (x *SignReceiptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1454,7 @@ func (x *SignReceiptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignReceiptResponse.ProtoReflect.Descriptor instead.
 func (*SignReceiptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SignReceiptResponse) GetEnvelope() []byte {
@@ -1345,7 +1477,7 @@ type AttestRequest struct {
 
 func (x *AttestRequest) Reset() {
 	*x = AttestRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[20]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1489,7 @@ func (x *AttestRequest) String() string {
 func (*AttestRequest) ProtoMessage() {}
 
 func (x *AttestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[20]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1502,7 @@ func (x *AttestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttestRequest.ProtoReflect.Descriptor instead.
 func (*AttestRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AttestRequest) GetSandboxId() string {
@@ -1399,7 +1531,7 @@ type AttestResponse struct {
 
 func (x *AttestResponse) Reset() {
 	*x = AttestResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1543,7 @@ func (x *AttestResponse) String() string {
 func (*AttestResponse) ProtoMessage() {}
 
 func (x *AttestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1556,7 @@ func (x *AttestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttestResponse.ProtoReflect.Descriptor instead.
 func (*AttestResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AttestResponse) GetAttestation() []byte {
@@ -1450,7 +1582,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[22]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1462,7 +1594,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[22]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1475,7 +1607,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EventsRequest) GetEpoch() string {
@@ -1522,7 +1654,7 @@ type LiveUsageRequest struct {
 
 func (x *LiveUsageRequest) Reset() {
 	*x = LiveUsageRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1666,7 @@ func (x *LiveUsageRequest) String() string {
 func (*LiveUsageRequest) ProtoMessage() {}
 
 func (x *LiveUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1679,7 @@ func (x *LiveUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiveUsageRequest.ProtoReflect.Descriptor instead.
 func (*LiveUsageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LiveUsageRequest) GetProjects() []string {
@@ -1566,7 +1698,7 @@ type LiveUsageResponse struct {
 
 func (x *LiveUsageResponse) Reset() {
 	*x = LiveUsageResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +1710,7 @@ func (x *LiveUsageResponse) String() string {
 func (*LiveUsageResponse) ProtoMessage() {}
 
 func (x *LiveUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +1723,7 @@ func (x *LiveUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiveUsageResponse.ProtoReflect.Descriptor instead.
 func (*LiveUsageResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LiveUsageResponse) GetUsage() []*v1.UsageRecord {
@@ -1617,7 +1749,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1761,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1774,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EventsResponse) GetEpoch() string {
@@ -1706,7 +1838,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x10RenameRefRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\"\x13\n" +
-	"\x11RenameRefResponse\"\xf5\x02\n" +
+	"\x11RenameRefResponse\"\x8b\x03\n" +
 	"\vListRequest\x12=\n" +
 	"\x06labels\x18\x01 \x03(\v2%.dsec.edge.v1.ListRequest.LabelsEntryR\x06labels\x12&\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x0e.dsec.v1.StateR\x06states\x12\x1b\n" +
@@ -1716,15 +1848,30 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\bprojects\x18\v \x03(\tR\bprojects\x12%\n" +
 	"\x0eexclude_labels\x18\f \x03(\tR\rexcludeLabels\x121\n" +
 	"\x15after_created_unix_ms\x18\r \x01(\x03R\x12afterCreatedUnixMs\x12\x19\n" +
-	"\bafter_id\x18\x0e \x01(\tR\aafterId\x1a9\n" +
+	"\bafter_id\x18\x0e \x01(\tR\aafterId\x12\x14\n" +
+	"\x05tally\x18\x0f \x01(\bR\x05tally\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"p\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x01\n" +
 	"\fListResponse\x12.\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x10.dsec.v1.SandboxR\tsandboxes\x12\x14\n" +
 	"\x05total\x18\x03 \x01(\x05R\x05total\x12\x1a\n" +
 	"\bfiltered\x18\n" +
-	" \x01(\bR\bfiltered\"\x0f\n" +
+	" \x01(\bR\bfiltered\x12\x18\n" +
+	"\atallied\x18\v \x01(\bR\atallied\x124\n" +
+	"\atallies\x18\f \x03(\v2\x1a.dsec.edge.v1.ProjectTallyR\atallies\"\xfc\x01\n" +
+	"\fProjectTally\x12\x18\n" +
+	"\aproject\x18\x01 \x01(\tR\aproject\x12\x1c\n" +
+	"\tsandboxes\x18\x02 \x01(\x03R\tsandboxes\x12\x1d\n" +
+	"\n" +
+	"milli_cpus\x18\x03 \x01(\x03R\tmilliCpus\x12\x1d\n" +
+	"\n" +
+	"cpus_unset\x18\x04 \x01(\x03R\tcpusUnset\x12\x1b\n" +
+	"\tmemory_mb\x18\x05 \x01(\x03R\bmemoryMb\x12!\n" +
+	"\fmemory_unset\x18\x06 \x01(\x03R\vmemoryUnset\x12\x17\n" +
+	"\adisk_mb\x18\a \x01(\x03R\x06diskMb\x12\x1d\n" +
+	"\n" +
+	"disk_unset\x18\b \x01(\x03R\tdiskUnset\"\x0f\n" +
 	"\rStatusRequest\"\xfe\a\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
@@ -1911,7 +2058,7 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AdoptLayersRequest)(nil),            // 0: dsec.edge.v1.AdoptLayersRequest
 	(*AdoptLayersResponse)(nil),           // 1: dsec.edge.v1.AdoptLayersResponse
@@ -1919,252 +2066,254 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*RenameRefResponse)(nil),             // 3: dsec.edge.v1.RenameRefResponse
 	(*ListRequest)(nil),                   // 4: dsec.edge.v1.ListRequest
 	(*ListResponse)(nil),                  // 5: dsec.edge.v1.ListResponse
-	(*StatusRequest)(nil),                 // 6: dsec.edge.v1.StatusRequest
-	(*NodeStatus)(nil),                    // 7: dsec.edge.v1.NodeStatus
-	(*CreateRequest)(nil),                 // 8: dsec.edge.v1.CreateRequest
-	(*CreateManyRequest)(nil),             // 9: dsec.edge.v1.CreateManyRequest
-	(*ForkRequest)(nil),                   // 10: dsec.edge.v1.ForkRequest
-	(*ForkResponse)(nil),                  // 11: dsec.edge.v1.ForkResponse
-	(*CreateManyResponse)(nil),            // 12: dsec.edge.v1.CreateManyResponse
-	(*CreateResult)(nil),                  // 13: dsec.edge.v1.CreateResult
-	(*ReapRequest)(nil),                   // 14: dsec.edge.v1.ReapRequest
-	(*ReapResponse)(nil),                  // 15: dsec.edge.v1.ReapResponse
-	(*GoneRequest)(nil),                   // 16: dsec.edge.v1.GoneRequest
-	(*GoneResponse)(nil),                  // 17: dsec.edge.v1.GoneResponse
-	(*SignReceiptRequest)(nil),            // 18: dsec.edge.v1.SignReceiptRequest
-	(*SignReceiptResponse)(nil),           // 19: dsec.edge.v1.SignReceiptResponse
-	(*AttestRequest)(nil),                 // 20: dsec.edge.v1.AttestRequest
-	(*AttestResponse)(nil),                // 21: dsec.edge.v1.AttestResponse
-	(*EventsRequest)(nil),                 // 22: dsec.edge.v1.EventsRequest
-	(*LiveUsageRequest)(nil),              // 23: dsec.edge.v1.LiveUsageRequest
-	(*LiveUsageResponse)(nil),             // 24: dsec.edge.v1.LiveUsageResponse
-	(*EventsResponse)(nil),                // 25: dsec.edge.v1.EventsResponse
-	nil,                                   // 26: dsec.edge.v1.ListRequest.LabelsEntry
-	nil,                                   // 27: dsec.edge.v1.NodeStatus.MissingEntry
-	(v1.State)(0),                         // 28: dsec.v1.State
-	(*v1.Sandbox)(nil),                    // 29: dsec.v1.Sandbox
-	(v1.Backend)(0),                       // 30: dsec.v1.Backend
-	(*v1.SandboxKind)(nil),                // 31: dsec.v1.SandboxKind
-	(*v1.CoreScheduling)(nil),             // 32: dsec.v1.CoreScheduling
-	(*v1.SandboxSpec)(nil),                // 33: dsec.v1.SandboxSpec
-	(*v1.UsageRecord)(nil),                // 34: dsec.v1.UsageRecord
-	(*v1.Event)(nil),                      // 35: dsec.v1.Event
-	(*v1.GetRequest)(nil),                 // 36: dsec.v1.GetRequest
-	(*v1.DeleteRequest)(nil),              // 37: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),               // 38: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),              // 39: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),          // 40: dsec.v1.SetTimeoutRequest
-	(*v1.EndPhaseRequest)(nil),            // 41: dsec.v1.EndPhaseRequest
-	(*v1.MetricsRequest)(nil),             // 42: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),            // 43: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),     // 44: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),          // 45: dsec.v1.NetworkLogRequest
-	(*v1.TrajectoryRequest)(nil),          // 46: dsec.v1.TrajectoryRequest
-	(*v1.ProvenanceRequest)(nil),          // 47: dsec.v1.ProvenanceRequest
-	(*v1.SetProvenancePathsRequest)(nil),  // 48: dsec.v1.SetProvenancePathsRequest
-	(*v1.SetWarmPoolRequest)(nil),         // 49: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),       // 50: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),         // 51: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),         // 52: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),          // 53: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),         // 54: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),    // 55: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),         // 56: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),          // 57: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),             // 58: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),       // 59: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),                // 60: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),              // 61: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),          // 62: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),              // 63: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),       // 64: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),          // 65: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),    // 66: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),        // 67: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),                 // 68: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),            // 69: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),           // 70: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),             // 71: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),                // 72: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),              // 73: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),             // 74: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),                // 75: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),            // 76: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),              // 77: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),            // 78: dsec.v1.DownloadRequest
-	(*v1.DeleteResponse)(nil),             // 79: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),              // 80: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),             // 81: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),         // 82: dsec.v1.SetTimeoutResponse
-	(*v1.EndPhaseResponse)(nil),           // 83: dsec.v1.EndPhaseResponse
-	(*v1.SandboxMetrics)(nil),             // 84: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),               // 85: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),    // 86: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),         // 87: dsec.v1.NetworkLogResponse
-	(*v1.TrajectoryResponse)(nil),         // 88: dsec.v1.TrajectoryResponse
-	(*v1.SandboxProvenance)(nil),          // 89: dsec.v1.SandboxProvenance
-	(*v1.SetProvenancePathsResponse)(nil), // 90: dsec.v1.SetProvenancePathsResponse
-	(*v1.WarmPool)(nil),                   // 91: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),      // 92: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                      // 93: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),         // 94: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),        // 95: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil),   // 96: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),        // 97: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),         // 98: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),            // 99: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),      // 100: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                  // 101: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),         // 102: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),             // 103: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),      // 104: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil),   // 105: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),       // 106: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),                // 107: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),           // 108: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),          // 109: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),            // 110: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),               // 111: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),             // 112: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),            // 113: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),               // 114: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),                 // 115: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),             // 116: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),              // 117: dsec.v1.DownloadChunk
+	(*ProjectTally)(nil),                  // 6: dsec.edge.v1.ProjectTally
+	(*StatusRequest)(nil),                 // 7: dsec.edge.v1.StatusRequest
+	(*NodeStatus)(nil),                    // 8: dsec.edge.v1.NodeStatus
+	(*CreateRequest)(nil),                 // 9: dsec.edge.v1.CreateRequest
+	(*CreateManyRequest)(nil),             // 10: dsec.edge.v1.CreateManyRequest
+	(*ForkRequest)(nil),                   // 11: dsec.edge.v1.ForkRequest
+	(*ForkResponse)(nil),                  // 12: dsec.edge.v1.ForkResponse
+	(*CreateManyResponse)(nil),            // 13: dsec.edge.v1.CreateManyResponse
+	(*CreateResult)(nil),                  // 14: dsec.edge.v1.CreateResult
+	(*ReapRequest)(nil),                   // 15: dsec.edge.v1.ReapRequest
+	(*ReapResponse)(nil),                  // 16: dsec.edge.v1.ReapResponse
+	(*GoneRequest)(nil),                   // 17: dsec.edge.v1.GoneRequest
+	(*GoneResponse)(nil),                  // 18: dsec.edge.v1.GoneResponse
+	(*SignReceiptRequest)(nil),            // 19: dsec.edge.v1.SignReceiptRequest
+	(*SignReceiptResponse)(nil),           // 20: dsec.edge.v1.SignReceiptResponse
+	(*AttestRequest)(nil),                 // 21: dsec.edge.v1.AttestRequest
+	(*AttestResponse)(nil),                // 22: dsec.edge.v1.AttestResponse
+	(*EventsRequest)(nil),                 // 23: dsec.edge.v1.EventsRequest
+	(*LiveUsageRequest)(nil),              // 24: dsec.edge.v1.LiveUsageRequest
+	(*LiveUsageResponse)(nil),             // 25: dsec.edge.v1.LiveUsageResponse
+	(*EventsResponse)(nil),                // 26: dsec.edge.v1.EventsResponse
+	nil,                                   // 27: dsec.edge.v1.ListRequest.LabelsEntry
+	nil,                                   // 28: dsec.edge.v1.NodeStatus.MissingEntry
+	(v1.State)(0),                         // 29: dsec.v1.State
+	(*v1.Sandbox)(nil),                    // 30: dsec.v1.Sandbox
+	(v1.Backend)(0),                       // 31: dsec.v1.Backend
+	(*v1.SandboxKind)(nil),                // 32: dsec.v1.SandboxKind
+	(*v1.CoreScheduling)(nil),             // 33: dsec.v1.CoreScheduling
+	(*v1.SandboxSpec)(nil),                // 34: dsec.v1.SandboxSpec
+	(*v1.UsageRecord)(nil),                // 35: dsec.v1.UsageRecord
+	(*v1.Event)(nil),                      // 36: dsec.v1.Event
+	(*v1.GetRequest)(nil),                 // 37: dsec.v1.GetRequest
+	(*v1.DeleteRequest)(nil),              // 38: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),               // 39: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),              // 40: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),          // 41: dsec.v1.SetTimeoutRequest
+	(*v1.EndPhaseRequest)(nil),            // 42: dsec.v1.EndPhaseRequest
+	(*v1.MetricsRequest)(nil),             // 43: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),            // 44: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),     // 45: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),          // 46: dsec.v1.NetworkLogRequest
+	(*v1.TrajectoryRequest)(nil),          // 47: dsec.v1.TrajectoryRequest
+	(*v1.ProvenanceRequest)(nil),          // 48: dsec.v1.ProvenanceRequest
+	(*v1.SetProvenancePathsRequest)(nil),  // 49: dsec.v1.SetProvenancePathsRequest
+	(*v1.SetWarmPoolRequest)(nil),         // 50: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),       // 51: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),         // 52: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),         // 53: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),          // 54: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),         // 55: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),    // 56: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),         // 57: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),          // 58: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),             // 59: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),       // 60: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),                // 61: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),              // 62: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),          // 63: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),              // 64: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),       // 65: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),          // 66: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),    // 67: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),        // 68: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),                 // 69: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),            // 70: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),           // 71: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),             // 72: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),                // 73: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),              // 74: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),             // 75: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),                // 76: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),            // 77: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),              // 78: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),            // 79: dsec.v1.DownloadRequest
+	(*v1.DeleteResponse)(nil),             // 80: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),              // 81: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),             // 82: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),         // 83: dsec.v1.SetTimeoutResponse
+	(*v1.EndPhaseResponse)(nil),           // 84: dsec.v1.EndPhaseResponse
+	(*v1.SandboxMetrics)(nil),             // 85: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),               // 86: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),    // 87: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),         // 88: dsec.v1.NetworkLogResponse
+	(*v1.TrajectoryResponse)(nil),         // 89: dsec.v1.TrajectoryResponse
+	(*v1.SandboxProvenance)(nil),          // 90: dsec.v1.SandboxProvenance
+	(*v1.SetProvenancePathsResponse)(nil), // 91: dsec.v1.SetProvenancePathsResponse
+	(*v1.WarmPool)(nil),                   // 92: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),      // 93: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                      // 94: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),         // 95: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),        // 96: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil),   // 97: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),        // 98: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),         // 99: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),            // 100: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),      // 101: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                  // 102: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),         // 103: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),             // 104: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),      // 105: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil),   // 106: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),       // 107: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),                // 108: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),           // 109: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),          // 110: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),            // 111: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),               // 112: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),             // 113: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),            // 114: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),               // 115: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),                 // 116: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),             // 117: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),              // 118: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	26,  // 0: dsec.edge.v1.ListRequest.labels:type_name -> dsec.edge.v1.ListRequest.LabelsEntry
-	28,  // 1: dsec.edge.v1.ListRequest.states:type_name -> dsec.v1.State
-	29,  // 2: dsec.edge.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	30,  // 3: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	31,  // 4: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
-	27,  // 5: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
-	32,  // 6: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
-	33,  // 7: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	33,  // 8: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
-	13,  // 9: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
-	13,  // 10: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	29,  // 11: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
-	34,  // 12: dsec.edge.v1.LiveUsageResponse.usage:type_name -> dsec.v1.UsageRecord
-	35,  // 13: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
-	34,  // 14: dsec.edge.v1.EventsResponse.usage:type_name -> dsec.v1.UsageRecord
-	6,   // 15: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	8,   // 16: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	9,   // 17: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
-	10,  // 18: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
-	36,  // 19: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	4,   // 20: dsec.edge.v1.EdgeService.List:input_type -> dsec.edge.v1.ListRequest
-	37,  // 21: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	38,  // 22: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	39,  // 23: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	40,  // 24: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	41,  // 25: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	42,  // 26: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	43,  // 27: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	44,  // 28: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	45,  // 29: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	46,  // 30: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	47,  // 31: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	48,  // 32: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	49,  // 33: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	50,  // 34: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	14,  // 35: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	16,  // 36: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	22,  // 37: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
-	23,  // 38: dsec.edge.v1.EdgeService.LiveUsage:input_type -> dsec.edge.v1.LiveUsageRequest
-	18,  // 39: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
-	20,  // 40: dsec.edge.v1.EdgeService.Attest:input_type -> dsec.edge.v1.AttestRequest
-	51,  // 41: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	52,  // 42: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,   // 43: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	2,   // 44: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
-	53,  // 45: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	54,  // 46: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	55,  // 47: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	56,  // 48: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	57,  // 49: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	58,  // 50: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	59,  // 51: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	60,  // 52: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	61,  // 53: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	62,  // 54: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	63,  // 55: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	64,  // 56: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	65,  // 57: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	66,  // 58: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	67,  // 59: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	68,  // 60: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	69,  // 61: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	70,  // 62: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	71,  // 63: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	72,  // 64: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	73,  // 65: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	74,  // 66: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	75,  // 67: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	76,  // 68: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	77,  // 69: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	78,  // 70: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	7,   // 71: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	29,  // 72: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	12,  // 73: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	11,  // 74: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
-	29,  // 75: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	5,   // 76: dsec.edge.v1.EdgeService.List:output_type -> dsec.edge.v1.ListResponse
-	79,  // 77: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	80,  // 78: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	81,  // 79: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	82,  // 80: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	83,  // 81: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	84,  // 82: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	85,  // 83: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	86,  // 84: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	87,  // 85: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	88,  // 86: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	89,  // 87: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	90,  // 88: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	91,  // 89: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	92,  // 90: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	15,  // 91: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	17,  // 92: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	25,  // 93: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
-	24,  // 94: dsec.edge.v1.EdgeService.LiveUsage:output_type -> dsec.edge.v1.LiveUsageResponse
-	19,  // 95: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
-	21,  // 96: dsec.edge.v1.EdgeService.Attest:output_type -> dsec.edge.v1.AttestResponse
-	93,  // 97: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	93,  // 98: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,   // 99: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	3,   // 100: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
-	94,  // 101: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	95,  // 102: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	96,  // 103: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	97,  // 104: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	98,  // 105: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	99,  // 106: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	100, // 107: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	101, // 108: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	101, // 109: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	102, // 110: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	103, // 111: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	104, // 112: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	101, // 113: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	105, // 114: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	106, // 115: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	107, // 116: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	108, // 117: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	109, // 118: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	110, // 119: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	111, // 120: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	112, // 121: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	113, // 122: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	114, // 123: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	115, // 124: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	116, // 125: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	117, // 126: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	71,  // [71:127] is the sub-list for method output_type
-	15,  // [15:71] is the sub-list for method input_type
-	15,  // [15:15] is the sub-list for extension type_name
-	15,  // [15:15] is the sub-list for extension extendee
-	0,   // [0:15] is the sub-list for field type_name
+	27,  // 0: dsec.edge.v1.ListRequest.labels:type_name -> dsec.edge.v1.ListRequest.LabelsEntry
+	29,  // 1: dsec.edge.v1.ListRequest.states:type_name -> dsec.v1.State
+	30,  // 2: dsec.edge.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	6,   // 3: dsec.edge.v1.ListResponse.tallies:type_name -> dsec.edge.v1.ProjectTally
+	31,  // 4: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	32,  // 5: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
+	28,  // 6: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
+	33,  // 7: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
+	34,  // 8: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	34,  // 9: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	14,  // 10: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
+	14,  // 11: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
+	30,  // 12: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	35,  // 13: dsec.edge.v1.LiveUsageResponse.usage:type_name -> dsec.v1.UsageRecord
+	36,  // 14: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
+	35,  // 15: dsec.edge.v1.EventsResponse.usage:type_name -> dsec.v1.UsageRecord
+	7,   // 16: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	9,   // 17: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	10,  // 18: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	11,  // 19: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
+	37,  // 20: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	4,   // 21: dsec.edge.v1.EdgeService.List:input_type -> dsec.edge.v1.ListRequest
+	38,  // 22: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	39,  // 23: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	40,  // 24: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	41,  // 25: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	42,  // 26: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	43,  // 27: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	44,  // 28: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	45,  // 29: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	46,  // 30: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	47,  // 31: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	48,  // 32: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	49,  // 33: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	50,  // 34: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	51,  // 35: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	15,  // 36: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	17,  // 37: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	23,  // 38: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
+	24,  // 39: dsec.edge.v1.EdgeService.LiveUsage:input_type -> dsec.edge.v1.LiveUsageRequest
+	19,  // 40: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
+	21,  // 41: dsec.edge.v1.EdgeService.Attest:input_type -> dsec.edge.v1.AttestRequest
+	52,  // 42: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	53,  // 43: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,   // 44: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	2,   // 45: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
+	54,  // 46: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	55,  // 47: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	56,  // 48: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	57,  // 49: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	58,  // 50: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	59,  // 51: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	60,  // 52: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	61,  // 53: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	62,  // 54: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	63,  // 55: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	64,  // 56: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	65,  // 57: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	66,  // 58: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	67,  // 59: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	68,  // 60: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	69,  // 61: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	70,  // 62: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	71,  // 63: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	72,  // 64: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	73,  // 65: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	74,  // 66: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	75,  // 67: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	76,  // 68: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	77,  // 69: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	78,  // 70: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	79,  // 71: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	8,   // 72: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	30,  // 73: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	13,  // 74: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	12,  // 75: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	30,  // 76: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	5,   // 77: dsec.edge.v1.EdgeService.List:output_type -> dsec.edge.v1.ListResponse
+	80,  // 78: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	81,  // 79: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	82,  // 80: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	83,  // 81: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	84,  // 82: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	85,  // 83: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	86,  // 84: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	87,  // 85: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	88,  // 86: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	89,  // 87: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	90,  // 88: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	91,  // 89: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	92,  // 90: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	93,  // 91: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	16,  // 92: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	18,  // 93: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	26,  // 94: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
+	25,  // 95: dsec.edge.v1.EdgeService.LiveUsage:output_type -> dsec.edge.v1.LiveUsageResponse
+	20,  // 96: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
+	22,  // 97: dsec.edge.v1.EdgeService.Attest:output_type -> dsec.edge.v1.AttestResponse
+	94,  // 98: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	94,  // 99: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,   // 100: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	3,   // 101: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
+	95,  // 102: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	96,  // 103: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	97,  // 104: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	98,  // 105: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	99,  // 106: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	100, // 107: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	101, // 108: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	102, // 109: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	102, // 110: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	103, // 111: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	104, // 112: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	105, // 113: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	102, // 114: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	106, // 115: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	107, // 116: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	108, // 117: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	109, // 118: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	110, // 119: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	111, // 120: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	112, // 121: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	113, // 122: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	114, // 123: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	115, // 124: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	116, // 125: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	117, // 126: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	118, // 127: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	72,  // [72:128] is the sub-list for method output_type
+	16,  // [16:72] is the sub-list for method input_type
+	16,  // [16:16] is the sub-list for extension type_name
+	16,  // [16:16] is the sub-list for extension extendee
+	0,   // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_dsec_edge_v1_edge_proto_init() }
@@ -2178,7 +2327,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
