@@ -249,11 +249,10 @@ type ClusterSide struct {
 // and heaps grown), and without it that cost fell on the first side
 // alone. The second side warms up first, so that the first side's first
 // round follows its own warm-up: a round that follows the other side's
-// costs more (BenchmarkClusterOps thaws a cluster frozen through the
-// other's rounds, whose timers and pulls then catch up), and the order
-// A B B A A B B A after warm-ups A B gave the first side one such round
-// more than the second (rounds 1, 4 and 8 against 2 and 6), which read
-// two identical clusters apart by up to 10 %; after warm-ups B A each
+// may cost more (BenchmarkClusterOps thaws a cluster frozen through the
+// other's rounds, whose timers then fire), and after warm-ups A B the
+// order A B B A A B B A gave the first side one such round more than the
+// second (rounds 1, 4 and 8 against 2 and 6); after warm-ups B A each
 // side has rounds/2 of them.
 func runClusterRounds(ctx context.Context, sides [2]ClusterSide, o ClusterOptions, rounds int) ([2]*ClusterReport, error) {
 	o.Duration /= time.Duration(2 * rounds)
