@@ -78,6 +78,8 @@ func newClient(dial func(ctx context.Context) (net.Conn, error), protocols *http
 			return dial(ctx)
 		},
 		MaxIdleConnsPerHost: idle,
+		// The transport would offer gzip itself (and unpack the answer).
+		DisableCompression: true,
 	}
 	// Not advertising gzip keeps the agent from compressing its answers:
 	// on a Unix socket that costs CPU and latency and saves nothing.

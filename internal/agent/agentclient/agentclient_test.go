@@ -1,10 +1,12 @@
 package agentclient
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -65,5 +67,45 @@ func TestOldAgentGetsConnectExec(t *testing.T) {
 	}
 	if a.execs != 2 {
 		t.Errorf("the agent ran %d commands for 2 execs", a.execs)
+	}
+}
+
+// bigFileAgent answers ReadFile with more than the agent's 64 KiB
+// compression threshold.
+type bigFileAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+}
+
+func (bigFileAgent) ReadFile(ctx context.Context, req *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error) {
+	return connect.NewResponse(&dsecv1.ReadFileResponse{Data: bytes.Repeat([]byte("a"), 256<<10)}), nil
+}
+
+// TestNoCompression: the client does not offer gzip, so the agent does not
+// pack its answers (Go's transport offers it on its own unless told not
+// to).
+func TestNoCompression(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(bigFileAgent{}, connect.WithCompressMinBytes(64<<10)))
+	var offered, packed atomic.Value
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.ServeHTTP(w, r)
+		offered.Store(r.Header.Get("Accept-Encoding"))
+		packed.Store(w.Header().Get("Content-Encoding"))
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	c := Dial(path)
+	defer c.Close()
+	resp, err := c.ReadFile(context.Background(), connect.NewRequest(&dsecv1.ReadFileRequest{Path: "/big"}))
+	if err != nil || len(resp.Msg.GetData()) != 256<<10 {
+		t.Fatalf("read file: %v", err)
+	}
+	if o, p := offered.Load(), packed.Load(); o != "" || p != "" {
+		t.Errorf("offered %q, answer packed %q: want neither", o, p)
 	}
 }
