@@ -221,3 +221,27 @@ func TestHollowLedger(t *testing.T) {
 		t.Errorf("an ended sandbox sampled again: %v", again.GetUsage())
 	}
 }
+
+// BenchmarkSampleLedger is a round of samples of a hollow edge holding
+// 100,000 live sandboxes (bench cluster's hollow edges hold more by its
+// end), per sandbox.
+func BenchmarkSampleLedger(b *testing.B) {
+	l, err := ledger.Open("h1", "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	const live = 100_000
+	e := New(Config{Node: "h1", Ledger: l, MaxSandboxes: live})
+	spec := &dsecv1.SandboxSpec{Environment: "base:1", Labels: map[string]string{iam.ProjectLabel: "p", "run": "r1"}}
+	for range live {
+		if _, err := e.Create(b.Context(), spec, ""); err != nil {
+			b.Fatal(err)
+		}
+	}
+	at := time.Now()
+	for b.Loop() {
+		at = at.Add(10 * time.Second)
+		e.sampleLedger(at)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*live), "ns/sandbox")
+}

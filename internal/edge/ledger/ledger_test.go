@@ -226,3 +226,53 @@ func TestObserveAll(t *testing.T) {
 	var nilLedger *Ledger
 	nilLedger.ObserveAll(round(time.Second, 1)) // records nothing, and does not panic
 }
+
+// TestInMemoryDrops: a ledger kept in memory only drops what ended more
+// than Keep ago at each Save, and nothing else, however its records came
+// and went (a round with nothing ended reads none of them).
+func TestInMemoryDrops(t *testing.T) {
+	l, err := Open("n1", "", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	l.Start("z", "p", nil, t0, true)
+	l.End("z", t0.Add(-2*Keep))
+	if err := l.Save(t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Get("z"); ok {
+		t.Error("z kept past Keep")
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		l.Start(id, "p", nil, t0, true)
+	}
+	l.End("a", t0.Add(-2*Keep))
+	l.Start("a", "p", nil, t0, true) // made again under the same ID: a new record
+	l.End("b", t0.Add(-2*Keep))
+	l.End("c", t0)
+	if err := l.Save(t0); err != nil {
+		t.Fatal(err)
+	}
+	for id, kept := range map[string]bool{"a": true, "b": false, "c": true} {
+		if _, ok := l.Get(id); ok != kept {
+			t.Errorf("after a save: %s kept %v, want %v", id, ok, kept)
+		}
+	}
+	if err := l.Save(t0.Add(Keep + time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Get("c"); ok {
+		t.Error("c kept past Keep")
+	}
+	if _, ok := l.Get("a"); !ok {
+		t.Error("a, live, dropped")
+	}
+	l.End("a", t0)
+	if err := l.Save(t0.Add(Keep + time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Get("a"); ok {
+		t.Error("a kept past Keep")
+	}
+}
