@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,8 @@ type pgStore struct {
 	// reserve and complete combine the statements of concurrent
 	// ReserveCreate and CompleteCreate calls.
 	reserve, complete *combiner
+	// flushed is the newest event ID ListEvents made durable.
+	flushed atomic.Int64
 }
 
 // registryLockID is the advisory lock every RegisterNode holds for its

@@ -337,3 +337,61 @@ func BenchmarkCreateBatch(b *testing.B) {
 		}
 	}
 }
+
+// TestPostgresEventsDurableWhenRead: a pull of events commits without
+// waiting for the disk, and reading the events makes them durable before
+// they are returned (a crash may take back a pull, never what a reader
+// was given). The WAL writer is slowed to 10 s so that only the store
+// flushes in between.
+func TestPostgresEventsDurableWhenRead(t *testing.T) {
+	pg := testutil.StartPostgresServer(t)
+	db, err := sql.Open("pgx", pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := t.Context()
+	for _, q := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `SELECT pg_reload_conf()`} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := openStore(t, pg.DSN)
+	lsns := func() (insert, flush string, behind bool) {
+		t.Helper()
+		if err := db.QueryRowContext(ctx, `SELECT pg_current_wal_insert_lsn(), pg_current_wal_flush_lsn(),
+			pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()`).Scan(&insert, &flush, &behind); err != nil {
+			t.Fatal(err)
+		}
+		return insert, flush, behind
+	}
+	now := time.Now()
+	if _, err := st.ClaimEventPulls(ctx, "a", []string{"n1"}, now, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the reload applied
+	for round := range 3 {
+		var evs []store.Event
+		for i := range 50 {
+			evs = append(evs, store.Event{Key: fmt.Sprintf("n1/e/%d-%d", round, i), Project: "p", SandboxID: fmt.Sprintf("sb-%d", i), Kind: "created", Node: "n1"})
+		}
+		if _, err := st.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e", Seq: uint64(50 * (round + 1))}}, evs...); err != nil {
+			t.Fatal(err)
+		}
+		insert, flush, behind := lsns()
+		if !behind {
+			t.Errorf("round %d: the WAL is on the disk up to %s right after a pull (inserted to %s): the pull waited for it", round, flush, insert)
+		}
+		got, err := st.ListEvents(ctx, store.EventQuery{Projects: []string{"p"}, Limit: 1000})
+		if err != nil || len(got) != 50*(round+1) {
+			t.Fatalf("round %d: read %d events (%v), want %d", round, len(got), err, 50*(round+1))
+		}
+		var durable bool
+		if err := db.QueryRowContext(ctx, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, insert).Scan(&durable); err != nil {
+			t.Fatal(err)
+		}
+		if !durable {
+			t.Errorf("round %d: events read before the pull that stored them reached the disk (WAL inserted to %s)", round, insert)
+		}
+	}
+}
