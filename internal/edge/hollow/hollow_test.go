@@ -197,16 +197,30 @@ func TestHollowLedger(t *testing.T) {
 	if len(live) != 1 || live[0].GetSandboxId() != sb.GetId() || live[0].GetProject() != "p" {
 		t.Fatalf("live usage after a round: %v", live)
 	}
-	// 5 % of 2 CPUs for 10 s: 1 CPU-second.
-	if u := live[0].GetUsage(); u.GetCpuUsec() != 1e6 || u.GetMemoryGibSeconds() <= 0 || u.GetDiskPeakBytes() != 16<<20 {
+	// A hollow sandbox is sampled at its checkpoints alone (its use grows
+	// evenly): before the first, it reads as it started.
+	if u := live[0].GetUsage(); u.GetCpuUsec() != 0 || u.GetSandboxes() != 1 {
 		t.Errorf("after 10 s: %v", u)
 	}
-	// Its start was a moment after StartedUnixMs's millisecond.
+	// Its start was a moment after StartedUnixMs's millisecond. 5 % of 2
+	// CPUs: 0.1 CPU-second a second.
 	at := ledger.DefaultCheckpoint + time.Second
 	e.sampleLedger(started.Add(at))
 	round := pull("", 0)
-	if len(round.GetUsage()) != 1 || round.GetUsage()[0].GetUsage().GetCpuUsec() != int64(at.Seconds()*0.1*1e6) {
+	if len(round.GetUsage()) != 1 || round.GetUsage()[0].GetUsage().GetCpuUsec() != int64(at.Seconds()*0.1*1e6) ||
+		round.GetUsage()[0].GetUsage().GetMemoryGibSeconds() <= 0 || round.GetUsage()[0].GetUsage().GetDiskPeakBytes() != 16<<20 {
 		t.Fatalf("usage pulled after the checkpoint's round: %v", round.GetUsage())
+	}
+	// The next checkpoint is one on from that sample.
+	e.sampleLedger(started.Add(at + ledger.DefaultCheckpoint - time.Second))
+	if again := pull(round.GetUsageEpoch(), round.GetUsageNext()); len(again.GetUsage()) != 0 {
+		t.Fatalf("usage pulled before the second checkpoint: %v", again.GetUsage())
+	}
+	at += ledger.DefaultCheckpoint
+	e.sampleLedger(started.Add(at))
+	round = pull(round.GetUsageEpoch(), round.GetUsageNext())
+	if len(round.GetUsage()) != 1 || round.GetUsage()[0].GetUsage().GetCpuUsec() != int64(at.Seconds()*0.1*1e6) {
+		t.Fatalf("usage pulled after the second checkpoint's round: %v", round.GetUsage())
 	}
 	if err := e.Delete(ctx, sb.GetId()); err != nil {
 		t.Fatal(err)
@@ -224,7 +238,8 @@ func TestHollowLedger(t *testing.T) {
 
 // BenchmarkSampleLedger is a round of samples of a hollow edge holding
 // 100,000 live sandboxes (bench cluster's hollow edges hold more by its
-// end), per sandbox.
+// end), per sandbox, each round a checkpoint later (so every sandbox is
+// due: the most a round takes).
 func BenchmarkSampleLedger(b *testing.B) {
 	l, err := ledger.Open("h1", "", slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -240,7 +255,7 @@ func BenchmarkSampleLedger(b *testing.B) {
 	}
 	at := time.Now()
 	for b.Loop() {
-		at = at.Add(10 * time.Second)
+		at = at.Add(ledger.DefaultCheckpoint)
 		e.sampleLedger(at)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*live), "ns/sandbox")

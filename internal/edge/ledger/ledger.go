@@ -167,6 +167,16 @@ func (l *Ledger) SetCheckpoint(d time.Duration) {
 	l.mu.Unlock()
 }
 
+// Checkpoint is how often a live sandbox's record is offered to the pulls.
+func (l *Ledger) Checkpoint() time.Duration {
+	if l == nil {
+		return DefaultCheckpoint
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.checkpoint
+}
+
 // Node is the node whose ledger it is.
 func (l *Ledger) Node() string { return l.node }
 
