@@ -45,7 +45,8 @@ func opsOn() []string {
 // BenchmarkClusterOps is `dsec bench cluster` on two clusters of two
 // apiservers over PostgreSQL and three hollow edges each, one with
 // metrics, events and the cost ledger on (the hollow edges keep a ledger
-// of synthetic use, sampled each 10 s as a real edge's), one with all
+// of synthetic use, sampled at each sandbox's checkpoints: what the pulls
+// bring, as a real edge's), one with all
 // three off: the first's create rate over the second's in alternating
 // rounds (ABBA), the cluster not measured frozen (SIGSTOP) so that its
 // background work (the ledger's samples and pulls of the sandboxes it
