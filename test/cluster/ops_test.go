@@ -199,22 +199,28 @@ func thaw(ctx context.Context, c *testutil.Cluster, clients []*dsec.Conn) error 
 }
 
 // profile writes the CPU profile of the process serving Go's profiles at
-// addr over d to path (the process's CPU time: none while it is frozen).
+// addr over d to path (the process's CPU time: none while it is frozen),
+// then its lock contention since it started to path's name with .mutex
+// for .pprof.
 func profile(b *testing.B, addr, path string, d time.Duration) {
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
-	if err != nil {
-		b.Errorf("profile %s: %v", addr, err)
-		return
+	get := func(url, path string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			b.Errorf("profile %s: %v", addr, err)
+			return
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: %s", resp.Status, data)
+		}
+		if err == nil {
+			err = os.WriteFile(path, data, 0o644)
+		}
+		if err != nil {
+			b.Errorf("profile %s: %v", addr, err)
+		}
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s", resp.Status, data)
-	}
-	if err == nil {
-		err = os.WriteFile(path, data, 0o644)
-	}
-	if err != nil {
-		b.Errorf("profile %s: %v", addr, err)
-	}
+	get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), path)
+	get(fmt.Sprintf("http://%s/debug/pprof/mutex", addr), strings.TrimSuffix(path, ".pprof")+".mutex")
 }
