@@ -93,16 +93,7 @@ func (b *browser) signIn(tok string) (int, string, string) {
 // token is refused, filters and pages narrow the list.
 func TestConsole(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	for _, p := range []string{"a", "b"} {
-		if _, err := st.CreateProject(ctx, iam.NodeAdmin(), p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st := openWithProjects(t, "a", "b")
 	mint := func(name, project string, role iam.Role) string {
 		t.Helper()
 		if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: name, Project: project}); err != nil {

@@ -306,16 +306,7 @@ func TestQuotas(t *testing.T) {
 // before tallies, which answers the sandboxes.
 func TestQuotaSweepTally(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	for _, p := range []string{"a", "b"} {
-		if _, err := st.CreateProject(ctx, iam.NodeAdmin(), p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st := openWithProjects(t, "a", "b")
 	specs := map[string][]*dsecv1.SandboxSpec{
 		"a": {{Cpus: 0.25, MemoryMb: 300}, {}, {Cpus: 2, DiskMb: 2048}},
 		"b": {{Cpus: 1.0001}},
@@ -388,6 +379,23 @@ func (u untallied) List(ctx context.Context, req *connect.Request[edgev1.ListReq
 	return u.Edge.List(ctx, connect.NewRequest(m))
 }
 
+// openWithProjects opens a store of the test's own, closed when the test
+// ends, with the projects given under the root.
+func openWithProjects(t *testing.T, projects ...string) store.Store {
+	t.Helper()
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	for _, p := range projects {
+		if _, err := st.CreateProject(t.Context(), iam.NodeAdmin(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st
+}
+
 // heldOf is what project's holds hold of sandboxes.
 func heldOf(t *testing.T, s *Server, st store.Store, project string) int64 {
 	t.Helper()
@@ -423,16 +431,7 @@ func liveIn(e *fakeEdge, project string) []*dsecv1.Sandbox {
 // limit on its path is not charged.
 func TestFnCallQuota(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	for _, p := range []string{"ml", "free"} {
-		if _, err := st.CreateProject(ctx, iam.NodeAdmin(), p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st := openWithProjects(t, "ml", "free")
 	if err := st.SetLimit(ctx, iam.NodeAdmin(), "ml", store.FnCallInflight, 2); err != nil {
 		t.Fatal(err)
 	}
