@@ -72,8 +72,13 @@ type Config struct {
 type Edge struct {
 	cfg Config
 
-	mu       sync.Mutex
-	sbs      map[string]*dsecv1.Sandbox
+	mu  sync.Mutex
+	sbs map[string]*dsecv1.Sandbox
+	// tmu guards the tokens alone (taken under mu to change them, alone
+	// to read them): the edge service asks SandboxOf under its own lock
+	// at each keyed create, which then waited behind every create's
+	// section under mu, a convoy of all the node's creates.
+	tmu      sync.Mutex
 	tokens   map[string]string // create token -> the live sandbox it made
 	tokenOf  map[string]string // and back
 	gone     map[string]time.Time
@@ -153,7 +158,9 @@ func (e *Edge) create(ctx context.Context, spec *dsecv1.SandboxSpec, token strin
 		State: dsecv1.State_STATE_CREATING, CreatedUnixMs: now.UnixMilli()}
 	e.sbs[sb.Id] = sb
 	if token != "" {
+		e.tmu.Lock()
 		e.tokens[token], e.tokenOf[sb.Id] = sb.Id, token
+		e.tmu.Unlock()
 	}
 	e.starting++
 	e.mu.Unlock()
@@ -208,6 +215,8 @@ func (e *Edge) forget(now time.Time) {
 // dropToken forgets the token of sandbox id, which is no longer live; the
 // caller holds e.mu.
 func (e *Edge) dropToken(id string) {
+	e.tmu.Lock()
+	defer e.tmu.Unlock()
 	if tok, ok := e.tokenOf[id]; ok {
 		delete(e.tokenOf, id)
 		delete(e.tokens, tok)
@@ -216,16 +225,16 @@ func (e *Edge) dropToken(id string) {
 
 // SandboxOf returns the live sandbox a create token made.
 func (e *Edge) SandboxOf(token string) (string, bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.tmu.Lock()
+	defer e.tmu.Unlock()
 	id, ok := e.tokens[token]
 	return id, ok
 }
 
 // Tokens returns the create token of every live sandbox that has one.
 func (e *Edge) Tokens() map[string]string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.tmu.Lock()
+	defer e.tmu.Unlock()
 	return maps.Clone(e.tokens)
 }
 
