@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -65,11 +64,10 @@ var sandboxResources = []store.Resource{store.Sandboxes, store.VCPUs, store.Memo
 
 // amountsOf is what n sandboxes of spec hold.
 func amountsOf(spec *dsecv1.SandboxSpec, n int) store.Amounts {
-	cpu := int64(math.Ceil(spec.GetCpus() * 1000))
+	cpu, mem, disk := sandboxpage.Asks(spec)
 	if cpu <= 0 {
 		cpu = defaultChargeMilliCPUs
 	}
-	mem, disk := spec.GetMemoryMb(), spec.GetDiskMb()
 	if mem <= 0 {
 		mem = defaultChargeMemoryMB
 	}

@@ -25,22 +25,29 @@ func (t Tally) Add(sb *dsecv1.Sandbox) {
 		t[project] = p
 	}
 	p.Sandboxes++
-	// Each sandbox's CPUs rounded up as a charge rounds them.
-	if cpu := int64(math.Ceil(spec.GetCpus() * 1000)); cpu > 0 {
+	cpu, mem, disk := Asks(spec)
+	if cpu > 0 {
 		p.MilliCpus += cpu
 	} else {
 		p.CpusUnset++
 	}
-	if mem := spec.GetMemoryMb(); mem > 0 {
+	if mem > 0 {
 		p.MemoryMb += mem
 	} else {
 		p.MemoryUnset++
 	}
-	if disk := spec.GetDiskMb(); disk > 0 {
+	if disk > 0 {
 		p.DiskMb += disk
 	} else {
 		p.DiskUnset++
 	}
+}
+
+// Asks is what spec asks of a node as a quota counts it: its CPUs × 1000,
+// rounded up, its memory and its disk in MiB; 0 or less where it asks
+// nothing (a charge then counts its default).
+func Asks(spec *dsecv1.SandboxSpec) (milliCPUs, memoryMB, diskMB int64) {
+	return int64(math.Ceil(spec.GetCpus() * 1000)), spec.GetMemoryMb(), spec.GetDiskMb()
 }
 
 // List is the tallies, by project.
