@@ -220,6 +220,7 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 		lctx, stopLedger := context.WithCancel(ctx)
 		defer stopLedger()
 		go he.RunLedger(lctx)
+		go he.RunExpiry(lctx)
 		stopRecorder, err := startRecorder(ctx, cfg.Node, svc, he, log)
 		if err != nil {
 			return err

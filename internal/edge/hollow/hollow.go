@@ -1,6 +1,6 @@
 // Package hollow is an edge that starts nothing: it registers, admits,
-// names sandboxes, reports its load and answers the control calls like a
-// real edge, from records in memory, so the control plane (apiservers,
+// names sandboxes, reports its load, ends them at their TTL (RunExpiry)
+// and answers the control calls like a real edge, from records in memory, so the control plane (apiservers,
 // placement, the watcher, PostgreSQL) can be measured alone at the scale of
 // a whole fleet on one machine, as kubemark's hollow kubelets do for
 // Kubernetes. Calls that run inside a sandbox are refused: there is none.
@@ -9,6 +9,7 @@
 package hollow
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"maps"
@@ -61,6 +62,9 @@ type Config struct {
 	// LedgerInterval is how often RunLedger looks for checkpoints due; 0
 	// = ledger.DefaultInterval.
 	LedgerInterval time.Duration
+	// ExpiryInterval is how often RunExpiry ends the sandboxes whose TTL
+	// ran out; 0 = a second, as a real edge's sweep.
+	ExpiryInterval time.Duration
 	// Metrics records its creates, deletes, pauses and resumes as a real
 	// edge's do (backend and isolation container), so that recording
 	// costs in a hollow cluster what it does in a real one; nil records
@@ -90,12 +94,31 @@ type Edge struct {
 	// due is when each sandbox with a ledger record is next sampled,
 	// soonest first (sampleLedger).
 	due []dueSample
+	// expiries is when each sandbox with a TTL runs out of it (a heap,
+	// soonest first): an entry whose sandbox's expiry moved since (a
+	// SetTimeout, a resume: each pushes one of its own) or that ended
+	// is dropped when it comes up (expire).
+	expiries expiries
 }
 
-// dueSample is when sandbox id's next sample is due: its checkpoint.
+// dueSample is when sandbox id's next sample, or its expiry, is due.
 type dueSample struct {
 	id string
 	at time.Time
+}
+
+// expiries is a heap of sandboxes' expiries, soonest first.
+type expiries []dueSample
+
+func (h expiries) Len() int           { return len(h) }
+func (h expiries) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h expiries) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiries) Push(x any)        { *h = append(*h, x.(dueSample)) }
+func (h *expiries) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // New returns a hollow edge for node cfg.Node.
@@ -193,6 +216,7 @@ func (e *Edge) create(ctx context.Context, spec *dsecv1.SandboxSpec, token strin
 	sb.StartedUnixMs, sb.LastActiveUnixMs = started.UnixMilli(), started.UnixMilli()
 	if ttl := spec.GetTtlSeconds(); ttl > 0 {
 		sb.ExpiresUnixMs = started.Add(time.Duration(ttl) * time.Second).UnixMilli()
+		e.watchExpiry(sb)
 	}
 	return proto.Clone(sb).(*dsecv1.Sandbox), nil
 }
@@ -263,24 +287,33 @@ func (e *Edge) Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbo
 }
 
 func (e *Edge) Delete(ctx context.Context, id string) error {
+	began := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	sb, ok := e.sbs[id]
 	if !ok || !sandbox.Live(sb.GetState()) {
 		return nil
 	}
-	// Nothing to stop: stopping and stopped at once, under e.mu.
+	err := e.stop(sb, dsecv1.Reason_REASON_DELETED, "deleted by request", began)
+	e.cfg.Metrics.Delete("container", "container", err, time.Since(began))
+	return err
+}
+
+// stop ends live sandbox sb at now for reason, as a real edge's stop does:
+// its end event, its last sample and end in the ledger; the caller holds
+// e.mu. Nothing is there to stop: stopping and stopped at once.
+func (e *Edge) stop(sb *dsecv1.Sandbox, reason dsecv1.Reason, message string, now time.Time) error {
 	for _, st := range []dsecv1.State{dsecv1.State_STATE_STOPPING, dsecv1.State_STATE_STOPPED} {
 		if err := sandbox.Transition(sb, st); err != nil {
 			return err
 		}
 	}
-	sb.Reason, sb.Message = dsecv1.Reason_REASON_DELETED, "deleted by request"
-	e.cfg.Events.Add(eventlog.Deleted, id, sb.GetSpec().GetLabels()[iam.ProjectLabel], "", "")
-	now := time.Now()
+	id, labels := sb.GetId(), sb.GetSpec().GetLabels()
+	sb.Reason, sb.Message = reason, message
+	kind, why := sandbox.EndEvent(dsecv1.State_STATE_STOPPED, reason)
+	e.cfg.Events.Add(kind, id, labels[iam.ProjectLabel], why, message)
 	if e.cfg.Ledger != nil && sb.GetStartedUnixMs() > 0 {
 		// The last sample, as a real edge takes before the cgroup goes.
-		labels := sb.GetSpec().GetLabels()
 		e.cfg.Ledger.Observe(id, labels[iam.ProjectLabel], labels, Usage(sb, now))
 		e.cfg.Ledger.End(id, now)
 	}
@@ -288,9 +321,73 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 	e.gone[id] = now
 	e.goneSeq = append(e.goneSeq, id)
 	e.ended++
-	e.cfg.Metrics.Delete("container", "container", nil, time.Since(now))
 	return nil
 }
+
+// watchExpiry has expire end sb once its expiry, if it has one, is past;
+// the caller holds e.mu.
+func (e *Edge) watchExpiry(sb *dsecv1.Sandbox) {
+	if exp := sb.GetExpiresUnixMs(); exp > 0 {
+		heap.Push(&e.expiries, dueSample{sb.GetId(), time.UnixMilli(exp)})
+	}
+}
+
+// RunExpiry ends each running sandbox whose TTL ran out, each
+// ExpiryInterval until ctx ends, as a real edge's sweep does (reason TTL,
+// an expired event).
+func (e *Edge) RunExpiry(ctx context.Context) {
+	every := e.cfg.ExpiryInterval
+	if every <= 0 {
+		every = time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			e.expire(now)
+		}
+	}
+}
+
+// expire ends the running sandboxes whose expiry is at or before now (or
+// pauses those whose spec says so), at most expireChunk of them under one
+// lock of e.mu, and returns how many. A paused one waits: its clocks
+// stand still, and its resume moves its expiry (and watches it again).
+func (e *Edge) expire(now time.Time) int {
+	n := 0
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for len(e.expiries) > 0 && !e.expiries[0].at.After(now) {
+		d := heap.Pop(&e.expiries).(dueSample)
+		sb, ok := e.sbs[d.id]
+		if !ok || sb.GetState() != dsecv1.State_STATE_RUNNING || sb.GetExpiresUnixMs() != d.at.UnixMilli() {
+			continue // ended, paused, or its expiry moved: watched anew if it matters
+		}
+		if sb.GetSpec().GetOnTimeout() == dsecv1.OnTimeout_ON_TIMEOUT_PAUSE {
+			// Paused instead, as a real edge does for such a sandbox.
+			if err := sandbox.Transition(sb, dsecv1.State_STATE_PAUSED); err != nil {
+				continue
+			}
+			sb.PausedUnixMs = now.UnixMilli()
+			e.cfg.Events.Add(eventlog.Paused, d.id, sb.GetSpec().GetLabels()[iam.ProjectLabel], "", "")
+		} else if err := e.stop(sb, dsecv1.Reason_REASON_TTL, fmt.Sprintf("its TTL of %ds ran out", sb.GetSpec().GetTtlSeconds()), now); err != nil {
+			continue
+		}
+		n++
+		if n%expireChunk == 0 {
+			// Let the creates and calls waiting for e.mu in between.
+			e.mu.Unlock()
+			e.mu.Lock()
+		}
+	}
+	return n
+}
+
+// expireChunk is how many sandboxes expire ends under one lock of e.mu.
+const expireChunk = 1024
 
 // EndPhase refuses: a hollow sandbox has no phases (a hollow edge keeps
 // no clocks); an unknown one is NotFound.
@@ -318,6 +415,7 @@ func (e *Edge) SetTimeout(ctx context.Context, id string, timeout time.Duration,
 	exp := time.Now().Add(timeout).UnixMilli()
 	if !extendOnly || exp > sb.GetExpiresUnixMs() {
 		sb.ExpiresUnixMs = exp
+		e.watchExpiry(sb)
 	}
 	return proto.Clone(sb).(*dsecv1.Sandbox), nil
 }
@@ -366,10 +464,19 @@ func (e *Edge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, er
 		if err := sandbox.Transition(sb, to); err != nil {
 			return nil, false, err
 		}
-		kind := eventlog.Resumed
+		kind, now := eventlog.Resumed, time.Now()
 		if to == dsecv1.State_STATE_PAUSED {
-			sb.PausedUnixMs = time.Now().UnixMilli()
+			sb.PausedUnixMs = now.UnixMilli()
 			kind = eventlog.Paused
+		} else if p, exp := sb.GetPausedUnixMs(), sb.GetExpiresUnixMs(); p > 0 && exp > 0 {
+			// The TTL's clock stood still while paused, as a real
+			// edge's does: its end moves by the time paused.
+			left := exp - p
+			if left <= 0 {
+				left = sb.GetSpec().GetTtlSeconds() * 1000 // ran out paused: afresh
+			}
+			sb.ExpiresUnixMs = now.UnixMilli() + left
+			e.watchExpiry(sb)
 		}
 		e.cfg.Events.Add(kind, id, sb.GetSpec().GetLabels()[iam.ProjectLabel], "", "")
 		return proto.Clone(sb).(*dsecv1.Sandbox), false, nil

@@ -13,6 +13,7 @@ import (
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
@@ -259,4 +260,101 @@ func BenchmarkSampleLedger(b *testing.B) {
 		e.sampleLedger(at)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*live), "ns/sandbox")
+}
+
+// TestExpiry: a hollow edge ends a running sandbox at its TTL as a real
+// edge's sweep does (stopped, reason TTL, an expired event, its ledger
+// record ended), not before; a SetTimeout moves the end, a paused one
+// waits and its resume moves its end by the time paused, one whose spec
+// says so is paused instead, and one without a TTL lives on.
+func TestExpiry(t *testing.T) {
+	ctx := context.Background()
+	l, err := ledger.Open("h1", "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := eventlog.New("h1", 0)
+	e := New(Config{Node: "h1", Ledger: l, Events: evs})
+	create := func(ttl int64, onTimeout dsecv1.OnTimeout) *dsecv1.Sandbox {
+		t.Helper()
+		sb, err := e.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: ttl, OnTimeout: onTimeout,
+			Labels: map[string]string{iam.ProjectLabel: "p"}}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	state := func(id string) *dsecv1.Sandbox {
+		t.Helper()
+		sb, err := e.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	ttl, moved, paused, pauses, forever := create(10, 0), create(10, 0), create(10, 0), create(10, dsecv1.OnTimeout_ON_TIMEOUT_PAUSE), create(0, 0)
+	t0 := time.UnixMilli(ttl.GetStartedUnixMs())
+	if n := e.expire(t0.Add(9 * time.Second)); n != 0 {
+		t.Fatalf("expire 9 s into a TTL of 10 s ended %d", n)
+	}
+	if _, err := e.SetTimeout(ctx, moved.GetId(), time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Pause(ctx, paused.GetId(), false); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.expire(t0.Add(11 * time.Second)); n != 2 {
+		t.Errorf("expire past the TTL acted on %d sandboxes, want 2 (one ended, one paused)", n)
+	}
+	if sb := state(ttl.GetId()); sb.GetState() != dsecv1.State_STATE_STOPPED || sb.GetReason() != dsecv1.Reason_REASON_TTL {
+		t.Errorf("past its TTL: %v %v, want stopped for its TTL", sb.GetState(), sb.GetReason())
+	}
+	if sb := state(pauses.GetId()); sb.GetState() != dsecv1.State_STATE_PAUSED {
+		t.Errorf("past its TTL with on_timeout pause: %v, want paused", sb.GetState())
+	}
+	for _, id := range []string{moved.GetId(), forever.GetId()} {
+		if sb := state(id); sb.GetState() != dsecv1.State_STATE_RUNNING {
+			t.Errorf("sandbox %s (a moved TTL, or none): %v, want running", id, sb.GetState())
+		}
+	}
+	if sb := state(paused.GetId()); sb.GetState() != dsecv1.State_STATE_PAUSED {
+		t.Errorf("a paused sandbox past its TTL: %v, want paused still", sb.GetState())
+	}
+	// Its resume moves its end by the time it was paused: 5 s, as if.
+	e.mu.Lock()
+	e.sbs[paused.GetId()].PausedUnixMs -= 5000
+	e.mu.Unlock()
+	rs, _, _, err := e.Resume(ctx, paused.GetId(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := rs.GetExpiresUnixMs() - time.Now().UnixMilli(); left < 13_000 || left > 15_000 {
+		t.Errorf("a resumed sandbox's TTL has %d ms left, want what it had when paused (~15 s)", left)
+	}
+	if n := e.expire(time.UnixMilli(rs.GetExpiresUnixMs())); n != 1 || state(paused.GetId()).GetState() != dsecv1.State_STATE_STOPPED {
+		t.Errorf("expire at a resumed sandbox's moved end ended %d (%v)", n, state(paused.GetId()).GetState())
+	}
+	got, _, _ := evs.Read("", 0, 100)
+	var expired []string
+	for _, ev := range got {
+		if ev.GetKind() == eventlog.Expired {
+			if ev.GetReason() != "ttl" {
+				t.Errorf("expired event's reason %q, want ttl", ev.GetReason())
+			}
+			expired = append(expired, ev.GetSandboxId())
+		}
+	}
+	if len(expired) != 2 || expired[0] != ttl.GetId() || expired[1] != paused.GetId() {
+		t.Errorf("expired events for %v, want %s then %s", expired, ttl.GetId(), paused.GetId())
+	}
+	recs, _, _ := l.Changed("", 0)
+	ended := map[string]bool{}
+	for _, r := range recs {
+		if r.GetEndedUnixMs() != 0 {
+			ended[r.GetSandboxId()] = true
+		}
+	}
+	if !ended[ttl.GetId()] || !ended[paused.GetId()] || len(ended) != 2 {
+		t.Errorf("ledger records ended: %v, want %s and %s", ended, ttl.GetId(), paused.GetId())
+	}
 }

@@ -247,7 +247,7 @@ func (m *Manager) event(rec *dsecv1.Sandbox, from, to phase) {
 	case dsecv1.State_STATE_PAUSED:
 		kind = eventlog.Paused
 	case dsecv1.State_STATE_STOPPED, dsecv1.State_STATE_FAILED:
-		kind, reason = endEvent(to.state, rec.GetReason())
+		kind, reason = EndEvent(to.state, rec.GetReason())
 	}
 	if kind == "" {
 		return
@@ -255,10 +255,10 @@ func (m *Manager) event(rec *dsecv1.Sandbox, from, to phase) {
 	m.cfg.Events.Add(kind, rec.GetId(), rec.GetSpec().GetLabels()[iam.ProjectLabel], reason, rec.GetMessage())
 }
 
-// endEvent names the event of a sandbox ending in state st for reason r:
+// EndEvent names the event of a sandbox ending in state st for reason r:
 // deleted by a caller, expired (its TTL, idle timeout or paused
 // retention), or failed.
-func endEvent(st dsecv1.State, r dsecv1.Reason) (kind, reason string) {
+func EndEvent(st dsecv1.State, r dsecv1.Reason) (kind, reason string) {
 	reason = strings.ToLower(strings.TrimPrefix(r.String(), "REASON_"))
 	if r == dsecv1.Reason_REASON_UNSPECIFIED {
 		reason = ""
