@@ -96,6 +96,19 @@ func testUsage(t *testing.T, st store.Store) {
 	_, err = st.SumUsage(ctx, store.UsageQuery{Projects: []string{"../x"}})
 	wantKind(t, "SumUsage of a bad path", err, errdefs.ErrInvalidArgument)
 	wantKind(t, "PutUsage without a key", st.PutUsage(ctx, store.UsageRow{SandboxID: "x"}), errdefs.ErrInvalidArgument)
+
+	// Two reports of one sandbox in one call count as if put one after
+	// the other: the larger figures, the end.
+	must(t, "PutUsage of one key twice", st.PutUsage(ctx,
+		usageRow("sb-4", "d", nil, t0, time.Time{}, 2_000_000),
+		usageRow("sb-5", "d", nil, t0, time.Time{}, 1_000_000),
+		usageRow("sb-4", "d", nil, t0.Add(time.Minute), t0.Add(5*time.Minute), 1_000_000)))
+	if d := sumsOf(t, st, store.UsageQuery{Projects: []string{"d"}, By: "sandbox"}); len(d) != 2 || d["sb-4"].CPUUsec != 2_000_000 || d["sb-5"].CPUUsec != 1_000_000 {
+		t.Fatalf("project d after one key twice in a call: %+v, want sb-4 at 2 s of CPU, sb-5 at 1 s", d)
+	}
+	if late := sumsOf(t, st, store.UsageQuery{Projects: []string{"d"}, Since: t0.Add(6 * time.Minute), By: "sandbox"}); len(late) != 1 || late["sb-5"].CPUUsec == 0 {
+		t.Fatalf("project d after sb-4's end: %+v, want sb-5 alone (sb-4 ended)", late)
+	}
 }
 
 // testUsageLive: the nodes' live rows read at query time count in place
