@@ -21,8 +21,12 @@ import (
 // creates (as the SDKs send them) against a cluster's apiservers, batches
 // and single creates at once, for Duration.
 type ClusterOptions struct {
-	Env            string
-	Duration       time.Duration
+	Env      string
+	Duration time.Duration
+	// TTL is each sandbox's TTL (0: none): with one, the nodes end what
+	// the load made as it runs, as a training loop's episodes end, and
+	// hold the last TTL's sandboxes rather than every one.
+	TTL            time.Duration
 	Batch          int // sandboxes per batch create
 	BatchWorkers   int // callers issuing batch creates, each one at a time
 	SingleWorkers  int // callers issuing single creates
@@ -62,7 +66,7 @@ func RunCluster(ctx context.Context, clients []*dsec.Conn, o ClusterOptions) (*C
 	if len(clients) == 0 {
 		return nil, fmt.Errorf("bench cluster: no apiserver")
 	}
-	spec := &dsecv1.SandboxSpec{Environment: o.Env}
+	spec := &dsecv1.SandboxSpec{Environment: o.Env, TtlSeconds: int64(o.TTL.Round(time.Second).Seconds())}
 	rep := &ClusterReport{Apiservers: len(clients), PerNode: map[string]int{}}
 	var mu sync.Mutex
 	var singles, batches []time.Duration

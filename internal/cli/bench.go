@@ -198,6 +198,7 @@ func (a *app) benchClusterCommand() *cobra.Command {
 	f.IntVar(&quotaRounds, "quota-rounds", 4, "rounds of each side with --quota-token (even: ABBA cancels a drift)")
 	f.StringVar(&o.Env, "env", o.Env, "environment the creates name (hollow edges accept any)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "how long the load runs")
+	f.DurationVar(&o.TTL, "ttl", 0, "each sandbox's TTL, whole seconds (0: none): the nodes end what the load made as it runs")
 	f.IntVar(&o.Batch, "batch", o.Batch, "sandboxes per batch create")
 	f.IntVar(&o.BatchWorkers, "batch-workers", o.BatchWorkers, "callers issuing batch creates, one at a time each")
 	f.IntVar(&o.SingleWorkers, "single-workers", o.SingleWorkers, "callers issuing single creates")

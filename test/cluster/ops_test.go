@@ -60,12 +60,17 @@ func opsOn() []string {
 // first costs, if anything: two clusters with all three off read 1.014×
 // and 1.001× in create rate so; before the quota sweep tallied, it
 // listed every sandbox each 30 s, and that read them up to 10 % apart,
-// the cluster started first the worse).
+// the cluster started first the worse). DSEC_BENCH_TTL=20s gives each
+// sandbox that TTL, which the hollow edges end it at: each sandbox then
+// costs its end too (its event, its ledger row in the store), as in a
+// training loop's steady state; without it no sandbox ends in a run.
 //
 //	go test -v -run '^$' -bench ClusterOps -benchtime 1x ./test/cluster   # as root; -v: the whole report
 func BenchmarkClusterOps(b *testing.B) {
 	pg := testutil.StartPostgresServer(b)
-	edgeArgs := []string{"--runtime", "fake", "--hollow-max-sandboxes", "200000"}
+	// Room for every sandbox of a run without a TTL (200,000 a node was
+	// reached at 13,000 creates a second a side).
+	edgeArgs := []string{"--runtime", "fake", "--hollow-max-sandboxes", "1000000"}
 	if iv := os.Getenv("DSEC_BENCH_LEDGER_INTERVAL"); iv != "" {
 		edgeArgs = append(edgeArgs, "--ledger-interval", iv)
 	}
@@ -80,6 +85,13 @@ func BenchmarkClusterOps(b *testing.B) {
 	// and gives it the first round: whatever favours one side for being
 	// first then favours the other, and a run each way cancels it.
 	swap := os.Getenv("DSEC_BENCH_SWAP") != ""
+	var ttl time.Duration
+	if v := os.Getenv("DSEC_BENCH_TTL"); v != "" {
+		var err error
+		if ttl, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("DSEC_BENCH_TTL: %v", err)
+		}
+	}
 	cluster := func(edgeOps, apiArgs []string) *testutil.Cluster {
 		return testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
 			EdgeArgs: append(slices.Clip(edgeArgs), edgeOps...), APIServerArgs: apiArgs, Profiles: profDir != ""})
@@ -138,7 +150,7 @@ func BenchmarkClusterOps(b *testing.B) {
 			sides[0], sides[1] = sides[1], sides[0]
 		}
 		rep, err := bench.RunClusterCompare(ctx, sides,
-			bench.ClusterOptions{Env: "base:1", Duration: 80 * time.Second, Batch: 50, BatchWorkers: 6, SingleWorkers: 40}, 4, 0.98)
+			bench.ClusterOptions{Env: "base:1", Duration: 80 * time.Second, TTL: ttl, Batch: 50, BatchWorkers: 6, SingleWorkers: 40}, 4, 0.98)
 		cpu.switchTo("")
 		thaw(ctx, on, nil)
 		thaw(ctx, off, nil)
@@ -223,4 +235,5 @@ func profile(b *testing.B, addr, path string, d time.Duration) {
 	}
 	get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), path)
 	get(fmt.Sprintf("http://%s/debug/pprof/mutex", addr), strings.TrimSuffix(path, ".pprof")+".mutex")
+	get(fmt.Sprintf("http://%s/debug/pprof/allocs", addr), strings.TrimSuffix(path, ".pprof")+".allocs")
 }
