@@ -215,6 +215,10 @@ func TestTerminalOrphan(t *testing.T) {
 		t.Fatalf("the shell ended with its stream: %v", p.Exited())
 	}
 	time.Sleep(500 * time.Millisecond) // the shell prints "away" meanwhile
+	term, ok := h.terminals.Load(id)
+	if !ok {
+		t.Fatalf("the orphaned shell's terminal %s is not kept", id)
+	}
 
 	again := newFakeShell(&dsecv1.ShellStart{ReattachId: id, OutputOffset: offset})
 	again.in <- &dsecv1.ShellInput{Input: &dsecv1.ShellInput_Data{Data: []byte("hi\n")}}
@@ -223,7 +227,14 @@ func TestTerminalOrphan(t *testing.T) {
 	}
 	got := again.out.out.String()
 	if again.id != id || strings.Contains(got, "one") || !strings.Contains(got, "away") || !strings.Contains(got, "got-hi") {
-		t.Errorf("the re-attached stream (started %q, want %q): %q; want the output after %q, with away and got-hi", again.id, id, got, first.out.out.String())
+		tm := term.(*terminal)
+		tm.mu.Lock()
+		endErr := tm.endErr
+		tm.mu.Unlock()
+		// The read error that ended the terminal's output tells a shell
+		// whose last write was lost (EIO) from a master closed under it.
+		t.Errorf("the re-attached stream (started %q, want %q): %q; want the output after %q, with away and got-hi (the terminal's reads ended with %v)",
+			again.id, id, got, first.out.out.String(), endErr)
 	}
 	if e := p.Exited(); e.GetExitCode() != 3 {
 		t.Errorf("the shell's exit: %v, want 3", e)

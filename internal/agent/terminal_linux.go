@@ -50,6 +50,7 @@ type terminal struct {
 	base   int64
 	sent   int64 // how far the following stream has sent
 	ended  bool  // the master's reads ended: buf holds the rest
+	endErr error // the read that ended them (EIO once the shell's side closed)
 	closed bool  // the master is closed: reads stop
 }
 
@@ -78,7 +79,7 @@ func (t *terminal) pump(pumped chan<- struct{}) {
 		}
 		if err != nil {
 			t.mu.Lock()
-			t.ended = true
+			t.ended, t.endErr = true, err
 			t.wake()
 			t.mu.Unlock()
 			return
