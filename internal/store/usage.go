@@ -121,14 +121,19 @@ func CheckUsageBy(by string) error {
 // usageBatch is how many rows one INSERT takes (15 parameters each).
 const usageBatch = 50
 
-func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
+// checkUsageRows refuses a row without a key.
+func checkUsageRows(rows []UsageRow) error {
 	for _, r := range rows {
 		if r.Key == "" {
 			return fmt.Errorf("put usage of sandbox %s: a key is required: %w", r.SandboxID, errdefs.ErrInvalidArgument)
 		}
+	}
+	return nil
+}
+
+func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
+	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
+		return err
 	}
 	greatest, least := "GREATEST", "LEAST"
 	if d.dialect == dialectSQLite {

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
-
-	"dsec.dev/dsec/internal/errdefs"
 )
 
 // putUsagePG is PutUsage's statement on PostgreSQL: every row of a call at
@@ -41,13 +39,8 @@ var putUsagePG = `INSERT INTO ledger (key, sandbox_id, project, labels, node, st
 // One statement cannot change a row twice, so rows of one key are merged
 // first, as the store would merge them one after the other.
 func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	for _, r := range rows {
-		if r.Key == "" {
-			return fmt.Errorf("put usage of sandbox %s: a key is required: %w", r.SandboxID, errdefs.ErrInvalidArgument)
-		}
+	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
+		return err
 	}
 	rows = mergeUsageRows(rows)
 	n := len(rows)

@@ -340,6 +340,11 @@ func (e *Edge) RunExpiry(ctx context.Context) {
 	if every <= 0 {
 		every = time.Second
 	}
+	tick(ctx, every, func(now time.Time) { e.expire(now) })
+}
+
+// tick runs fn each every until ctx ends.
+func tick(ctx context.Context, every time.Duration, fn func(now time.Time)) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -347,7 +352,7 @@ func (e *Edge) RunExpiry(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			e.expire(now)
+			fn(now)
 		}
 	}
 }
@@ -620,16 +625,7 @@ func (e *Edge) RunLedger(ctx context.Context) {
 	if every <= 0 {
 		every = ledger.DefaultInterval
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			e.sampleLedger(now)
-		}
-	}
+	tick(ctx, every, e.sampleLedger)
 }
 
 // sampleLedger takes one round of samples: of each running or paused
