@@ -131,15 +131,11 @@ func checkUsageRows(rows []UsageRow) error {
 	return nil
 }
 
-func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
-	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
-		return err
-	}
-	greatest, least := "GREATEST", "LEAST"
-	if d.dialect == dialectSQLite {
-		greatest, least = "max", "min"
-	}
-	// An end stays once set; the later of two ends wins.
+// usageOnConflict is PutUsage's ON CONFLICT clause, with the dialect's
+// greatest and least and {ms} in the time columns' names: a report only
+// ever raises a row's figures, and an end stays once set (the later of
+// two ends wins).
+func usageOnConflict(greatest, least string) string {
 	endExpr := `CASE WHEN ledger.ended{ms} IS NULL THEN excluded.ended{ms} WHEN excluded.ended{ms} IS NULL THEN ledger.ended{ms} ELSE ` + greatest + `(ledger.ended{ms}, excluded.ended{ms}) END`
 	set := []string{
 		"sandbox_id = excluded.sandbox_id", "project = excluded.project", "labels = excluded.labels", "node = excluded.node",
@@ -150,7 +146,18 @@ func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	for _, c := range []string{"cpu_usec", "memory_gib_s", "disk_gib_h", "disk_peak_bytes", "snapshot_bytes", "egress_bytes", "fncall_calls"} {
 		set = append(set, c+" = "+greatest+"(ledger."+c+", excluded."+c+")")
 	}
-	tail := ` ON CONFLICT (key) DO UPDATE SET ` + strings.Join(set, ", ")
+	return ` ON CONFLICT (key) DO UPDATE SET ` + strings.Join(set, ", ")
+}
+
+func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
+	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
+		return err
+	}
+	greatest, least := "GREATEST", "LEAST"
+	if d.dialect == dialectSQLite {
+		greatest, least = "max", "min"
+	}
+	tail := usageOnConflict(greatest, least)
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		for rest := rows; len(rest) > 0; {
 			n := min(len(rest), usageBatch)

@@ -16,24 +16,11 @@ import (
 // VALUES, 15 parameters a row through database/sql, cost the apiserver a
 // tenth of its CPU when a cluster ends 10,000 sandboxes a second, and
 // PostgreSQL a plan per shape (BenchmarkClusterOps with a TTL).
-var putUsagePG = `INSERT INTO ledger (key, sandbox_id, project, labels, node, started, ended, updated, cpu_usec, memory_gib_s,
+var putUsagePG = strings.ReplaceAll(`INSERT INTO ledger (key, sandbox_id, project, labels, node, started, ended, updated, cpu_usec, memory_gib_s,
 	disk_gib_h, disk_peak_bytes, snapshot_bytes, egress_bytes, fncall_calls)
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::timestamptz[],
-		$8::timestamptz[], $9::bigint[], $10::float8[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[])
-	ON CONFLICT (key) DO UPDATE SET ` + strings.Join([]string{
-	"sandbox_id = excluded.sandbox_id", "project = excluded.project", "labels = excluded.labels", "node = excluded.node",
-	"started = LEAST(ledger.started, excluded.started)",
-	// An end stays once set; the later of two ends wins.
-	"ended = CASE WHEN ledger.ended IS NULL THEN excluded.ended WHEN excluded.ended IS NULL THEN ledger.ended ELSE GREATEST(ledger.ended, excluded.ended) END",
-	"updated = GREATEST(ledger.updated, excluded.updated)",
-	"cpu_usec = GREATEST(ledger.cpu_usec, excluded.cpu_usec)",
-	"memory_gib_s = GREATEST(ledger.memory_gib_s, excluded.memory_gib_s)",
-	"disk_gib_h = GREATEST(ledger.disk_gib_h, excluded.disk_gib_h)",
-	"disk_peak_bytes = GREATEST(ledger.disk_peak_bytes, excluded.disk_peak_bytes)",
-	"snapshot_bytes = GREATEST(ledger.snapshot_bytes, excluded.snapshot_bytes)",
-	"egress_bytes = GREATEST(ledger.egress_bytes, excluded.egress_bytes)",
-	"fncall_calls = GREATEST(ledger.fncall_calls, excluded.fncall_calls)",
-}, ", ")
+		$8::timestamptz[], $9::bigint[], $10::float8[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[])`+
+	usageOnConflict("GREATEST", "LEAST"), "{ms}", "")
 
 // PutUsage on PostgreSQL writes the rows in one statement (putUsagePG).
 // One statement cannot change a row twice, so rows of one key are merged
