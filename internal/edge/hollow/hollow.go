@@ -373,11 +373,9 @@ func (e *Edge) expire(now time.Time) int {
 		}
 		if sb.GetSpec().GetOnTimeout() == dsecv1.OnTimeout_ON_TIMEOUT_PAUSE {
 			// Paused instead, as a real edge does for such a sandbox.
-			if err := sandbox.Transition(sb, dsecv1.State_STATE_PAUSED); err != nil {
+			if err := e.move(sb, dsecv1.State_STATE_PAUSED, now); err != nil {
 				continue
 			}
-			sb.PausedUnixMs = now.UnixMilli()
-			e.cfg.Events.Add(eventlog.Paused, d.id, sb.GetSpec().GetLabels()[iam.ProjectLabel], "", "")
 		} else if err := e.stop(sb, dsecv1.Reason_REASON_TTL, fmt.Sprintf("its TTL of %ds ran out", sb.GetSpec().GetTtlSeconds()), now); err != nil {
 			continue
 		}
@@ -466,27 +464,32 @@ func (e *Edge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, er
 	case to:
 		return proto.Clone(sb).(*dsecv1.Sandbox), true, nil
 	case from:
-		if err := sandbox.Transition(sb, to); err != nil {
+		if err := e.move(sb, to, time.Now()); err != nil {
 			return nil, false, err
 		}
-		kind, now := eventlog.Resumed, time.Now()
-		if to == dsecv1.State_STATE_PAUSED {
-			sb.PausedUnixMs = now.UnixMilli()
-			kind = eventlog.Paused
-		} else if p, exp := sb.GetPausedUnixMs(), sb.GetExpiresUnixMs(); p > 0 && exp > 0 {
-			// The TTL's clock stood still while paused, as a real
-			// edge's does: its end moves by the time paused.
-			left := exp - p
-			if left <= 0 {
-				left = sb.GetSpec().GetTtlSeconds() * 1000 // ran out paused: afresh
-			}
-			sb.ExpiresUnixMs = now.UnixMilli() + left
-			e.watchExpiry(sb)
-		}
-		e.cfg.Events.Add(kind, id, sb.GetSpec().GetLabels()[iam.ProjectLabel], "", "")
 		return proto.Clone(sb).(*dsecv1.Sandbox), false, nil
 	}
 	return nil, false, sandbox.GoneError(sb)
+}
+
+// move pauses running sandbox sb, or resumes paused sb, at now, with its
+// event; the caller holds e.mu. A resume sets the clocks as a real edge's
+// does (sandbox.Resumed: the TTL's end moves by the time paused), and
+// watches the moved expiry.
+func (e *Edge) move(sb *dsecv1.Sandbox, to dsecv1.State, now time.Time) error {
+	if err := sandbox.Transition(sb, to); err != nil {
+		return err
+	}
+	kind := eventlog.Resumed
+	if to == dsecv1.State_STATE_PAUSED {
+		sb.PausedUnixMs = now.UnixMilli()
+		kind = eventlog.Paused
+	} else {
+		sandbox.Resumed(sb, now)
+		e.watchExpiry(sb)
+	}
+	e.cfg.Events.Add(kind, sb.GetId(), sb.GetSpec().GetLabels()[iam.ProjectLabel], "", "")
+	return nil
 }
 
 // Lay refuses: a hollow sandbox has no file system.

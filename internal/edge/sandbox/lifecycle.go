@@ -167,7 +167,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runti
 	}
 	if rec.GetState() != dsecv1.State_STATE_RUNNING {
 		m.log.Info("sandbox was thawed when the edge stopped; it is running", "id", id, "state", rec.GetState().String())
-		m.resumed(rec, time.Now())
+		Resumed(rec, time.Now())
 		sb.mu.Lock()
 		err := m.transitionLogged(sb, running)
 		sb.mu.Unlock()

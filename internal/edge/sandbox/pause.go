@@ -197,7 +197,7 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 		}
 	}
 	now := time.Now()
-	m.resumed(sb.rec, now)
+	Resumed(sb.rec, now)
 	sb.lastActive = now
 	sb.pingFails = 0
 	if err := m.transitionLogged(sb, running); err != nil {
@@ -219,11 +219,12 @@ func refuseNow(sb *sandbox, c call) error {
 	return nil
 }
 
-// resumed sets the clocks of a record that was paused for its running
-// again at now (the transition to running is the caller's). Its clocks
-// stood still while paused: the TTL's end moves by the time paused (a TTL
-// that ran out and paused it starts afresh), and the idle clock starts now.
-func (m *Manager) resumed(rec *dsecv1.Sandbox, now time.Time) {
+// Resumed sets the clocks of a record that was paused for its running
+// again at now (the transition to running is the caller's: a Manager's,
+// or a hollow edge's). Its clocks stood still while paused: the TTL's end
+// moves by the time paused (a TTL that ran out and paused it starts
+// afresh), and the idle clock starts now.
+func Resumed(rec *dsecv1.Sandbox, now time.Time) {
 	if p, exp := rec.GetPausedUnixMs(), rec.GetExpiresUnixMs(); p > 0 && exp > 0 {
 		left := exp - p
 		if left <= 0 {
