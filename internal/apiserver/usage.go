@@ -152,7 +152,7 @@ func usageRows(recs []*dsecv1.UsageRecord) []store.UsageRow {
 	for _, r := range recs {
 		f := r.GetUsage()
 		rows = append(rows, store.UsageRow{Key: r.GetSandboxId(), SandboxID: r.GetSandboxId(), Project: r.GetProject(), Labels: r.GetLabels(),
-			Node: r.GetNode(), Started: timeOf(r.GetStartedUnixMs()), Ended: timeOf(r.GetEndedUnixMs()), Updated: timeOf(r.GetUpdatedUnixMs()),
+			Node: r.GetNode(), Started: timeOf(r.GetStartedUnixMs()), Ended: timeOf(r.GetEndedUnixMs()), Updated: timeOf(r.GetUpdatedUnixMs()), Sole: r.GetSole(),
 			Usage: store.Usage{CPUUsec: f.GetCpuUsec(), MemoryGiBSec: f.GetMemoryGibSeconds(), DiskGiBHours: f.GetDiskGibHours(),
 				DiskPeakBytes: f.GetDiskPeakBytes(), SnapshotBytes: f.GetSnapshotBytes(), EgressBytes: f.GetEgressBytes(), FnCallCalls: f.GetFncallCalls()}})
 	}

@@ -13,6 +13,7 @@ import (
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	"dsec.dev/dsec/internal/apiserver"
+	"dsec.dev/dsec/internal/apiserver/iamtest"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/edge/ledger"
@@ -112,5 +113,63 @@ func TestUsageNodeRestartedNotDue(t *testing.T) {
 	testutil.WaitFor(t, 20*time.Second, "three more pulls", func() bool { return edge.pulls.Load() >= pulls+3 })
 	if n := edge.usage.Load() - sent; n != 0 {
 		t.Fatalf("the pulls after the new epoch was stored carried %d usage records, want none (nothing changed, nothing due)", n)
+	}
+}
+
+// TestUsageSoleEnd: a sandbox that ended before any checkpoint reaches
+// the store as a sole report (appended, not upserted), and another
+// apiserver, which pulls the node's whole ledger again from no cursor,
+// appends it a second time without it counting twice.
+func TestUsageSoleEnd(t *testing.T) {
+	for name, dsn := range iamtest.Databases() {
+		t.Run(name, func(t *testing.T) { testUsageSoleEnd(t, dsn(t)) })
+	}
+}
+
+func testUsageSoleEnd(t *testing.T, dsn string) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	discard := slog.New(slog.DiscardHandler)
+	l, err := ledger.Open("n1", "", discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := edgesvc.New(hollow.New(hollow.Config{Node: "n1"}), nil, discard)
+	svc.SetLedger(l)
+	t0 := time.Now().Add(-time.Minute)
+	l.Start("sb-1", "p", map[string]string{"run": "r1"}, t0, true)
+	l.Observe("sb-1", "p", nil, ledger.Sample{At: t0.Add(time.Second), CPUUsec: 2_000_000, EgressBytes: 64})
+	l.End("sb-1", t0.Add(time.Second))
+	// pull runs an apiserver of its own (a cursor of its own) until sb-1
+	// is stored through it, and stops it.
+	pull := func(name string) store.UsageRow {
+		rows := &usageRows{LedgerStore: st, rows: map[string]store.UsageRow{}}
+		api := apiserver.New(apiserver.Config{Name: name, Auth: st, IAM: st, Events: st, Ledger: rows, Metrics: metrics.New()},
+			st, watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: "n1"}, Edge: svc}), discard)
+		pctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); api.RunEvents(pctx) }()
+		defer func() { cancel(); <-done }()
+		testutil.WaitFor(t, 20*time.Second, "sb-1 stored through "+name, func() bool { return rows.has("sb-1") })
+		rows.mu.Lock()
+		defer rows.mu.Unlock()
+		return rows.rows["sb-1"]
+	}
+	for _, name := range []string{"api-1", "api-2"} {
+		if r := pull(name); !r.Sole || r.CPUUsec != 2_000_000 {
+			t.Fatalf("%s stored sb-1 as %+v, want its sole report of 2 s of CPU", name, r)
+		}
+		// The store alone (no node's live rows): sb-1 once.
+		sums, err := st.SumUsage(ctx, store.UsageQuery{By: "sandbox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sums) != 1 || sums[0].Key != "sb-1" || sums[0].Sandboxes != 1 || sums[0].CPUUsec != 2_000_000 || sums[0].EgressBytes != 64 {
+			t.Fatalf("after %s: the store sums %+v, want sb-1 once, 2 s of CPU, 64 egress bytes", name, sums)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -23,6 +24,9 @@ type Ledger interface {
 	// figure, the larger of the two (and the earlier start, the later
 	// end), so a report stored twice, or an older one stored after a newer
 	// one, changes nothing. Project, labels and node are the last put's.
+	// A sandbox's sole report (UsageRow.Sole) is appended rather than
+	// merged into a row of its key: SumUsage merges a key's rows as
+	// PutUsage would have.
 	PutUsage(ctx context.Context, rows ...UsageRow) error
 	// SumUsage adds up the rows q selects by group (UsageBy), in key order,
 	// with q.Live's rows in place of the stored ones of their keys.
@@ -44,7 +48,35 @@ type UsageRow struct {
 	Started   time.Time         `json:"started"`
 	Ended     time.Time         `json:"ended"` // zero while it lives
 	Updated   time.Time         `json:"updated"`
+	// Sole says the row is its sandbox's end and the first report of it
+	// its node offered (no checkpoint, no snapshot before it): no row of
+	// the key can be stored but this one put before, so the store appends
+	// it to a table without a key (ledger_ends) instead of upserting it,
+	// a fraction of the cost. Ignored on a row without an end.
+	Sole bool `json:"sole,omitempty"`
 	Usage
+}
+
+// appended says whether PutUsage appends r to ledger_ends (a sandbox's
+// sole report) rather than upserting it into ledger.
+func appended(r UsageRow) bool { return r.Sole && r.SandboxID != "" && !r.Ended.IsZero() }
+
+// splitAppended parts rows into those PutUsage appends and the rest.
+func splitAppended(rows []UsageRow) (ends, rest []UsageRow) {
+	for i, r := range rows {
+		if appended(r) {
+			if ends == nil {
+				rest = append(make([]UsageRow, 0, len(rows)), rows[:i]...)
+			}
+			ends = append(ends, r)
+		} else if ends != nil {
+			rest = append(rest, r)
+		}
+	}
+	if ends == nil {
+		return nil, rows
+	}
+	return ends, rest
 }
 
 // Usage is the ledger's figures.
@@ -157,37 +189,46 @@ func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	if d.dialect == dialectSQLite {
 		greatest, least = "max", "min"
 	}
-	tail := usageOnConflict(greatest, least)
+	ends, rest := splitAppended(rows)
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		for rest := rows; len(rest) > 0; {
-			n := min(len(rest), usageBatch)
-			batch := rest[:n]
-			rest = rest[n:]
-			var sb strings.Builder
-			sb.WriteString(`INSERT INTO ledger (key, sandbox_id, project, labels, node, started{ms}, ended{ms}, updated{ms}, cpu_usec, memory_gib_s,
-				disk_gib_h, disk_peak_bytes, snapshot_bytes, egress_bytes, fncall_calls) VALUES `)
-			args := make([]any, 0, 15*n)
-			for i, r := range batch {
-				if i > 0 {
-					sb.WriteString(", ")
-				}
-				sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-				labels, err := json.Marshal(r.Labels)
-				if err != nil {
-					return err
-				}
-				args = append(args, r.Key, r.SandboxID, r.Project, string(labels), r.Node, d.ts(nowOr(r.Started)), d.ts(r.Ended), d.ts(nowOr(r.Updated)),
-					r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes, r.SnapshotBytes, r.EgressBytes, r.FnCallCalls)
-			}
-			sb.WriteString(tail)
-			if _, err := tx.ExecContext(ctx, d.q(sb.String()), args...); err != nil {
-				return err
-			}
+		if err := d.insertUsage(ctx, tx, "ledger", rest, usageOnConflict(greatest, least)); err != nil {
+			return err
 		}
-		return nil
+		return d.insertUsage(ctx, tx, "ledger_ends", ends, "")
 	})
 	if err != nil {
 		return d.fail(fmt.Sprintf("put %d usage rows", len(rows)), err)
+	}
+	return nil
+}
+
+// insertUsage inserts rows into table, usageBatch at a time, each INSERT
+// ending with tail.
+func (d *sqlDB) insertUsage(ctx context.Context, tx *sql.Tx, table string, rows []UsageRow, tail string) error {
+	for rest := rows; len(rest) > 0; {
+		n := min(len(rest), usageBatch)
+		batch := rest[:n]
+		rest = rest[n:]
+		var sb strings.Builder
+		sb.WriteString(`INSERT INTO ` + table + ` (key, sandbox_id, project, labels, node, started{ms}, ended{ms}, updated{ms}, cpu_usec, memory_gib_s,
+			disk_gib_h, disk_peak_bytes, snapshot_bytes, egress_bytes, fncall_calls) VALUES `)
+		args := make([]any, 0, 15*n)
+		for i, r := range batch {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+			labels, err := json.Marshal(r.Labels)
+			if err != nil {
+				return err
+			}
+			args = append(args, r.Key, r.SandboxID, r.Project, string(labels), r.Node, d.ts(nowOr(r.Started)), d.ts(r.Ended), d.ts(nowOr(r.Updated)),
+				r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes, r.SnapshotBytes, r.EgressBytes, r.FnCallCalls)
+		}
+		sb.WriteString(tail)
+		if _, err := tx.ExecContext(ctx, d.q(sb.String()), args...); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -259,8 +300,7 @@ func (d *sqlDB) SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error) 
 		for i := range q.Live {
 			live[q.Live[i].Key] = &q.Live[i]
 		}
-		rows, err := d.db.QueryContext(ctx, d.q(`SELECT key, sandbox_id, project, labels, node, cpu_usec, memory_gib_s, disk_gib_h, disk_peak_bytes,
-			snapshot_bytes, egress_bytes, fncall_calls FROM ledger`+where), args...)
+		rows, err := d.db.QueryContext(ctx, d.q(sumUsageQuery(where)), append(slices.Clip(args), args...)...)
 		if err != nil {
 			return err
 		}
@@ -311,6 +351,18 @@ func (d *sqlDB) SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error) 
 	return out, nil
 }
 
+// sumUsageQuery reads the rows of ledger and ledger_ends that where
+// selects (its arguments given twice), a key's rows merged as PutUsage
+// merges reports: each figure's largest. A key's rows name one sandbox
+// (its project and node never change; of labels changed in its life, the
+// larger as text is read).
+func sumUsageQuery(where string) string {
+	const cols = `key, sandbox_id, project, labels, node, cpu_usec, memory_gib_s, disk_gib_h, disk_peak_bytes, snapshot_bytes, egress_bytes, fncall_calls`
+	return `SELECT key, max(sandbox_id), max(project), max(labels), max(node), max(cpu_usec), max(memory_gib_s), max(disk_gib_h),
+		max(disk_peak_bytes), max(snapshot_bytes), max(egress_bytes), max(fncall_calls)
+		FROM (SELECT ` + cols + ` FROM ledger` + where + ` UNION ALL SELECT ` + cols + ` FROM ledger_ends` + where + `) u GROUP BY key`
+}
+
 // selects says whether q selects row r, as SumUsage's query does the
 // stored rows.
 func (q UsageQuery) selects(r UsageRow) bool {
@@ -341,6 +393,12 @@ func (d *sqlDB) ExpireUsage(ctx context.Context, olderThan time.Time) (int, erro
 			return err
 		}
 		n, _ = res.RowsAffected()
+		res, err = d.db.ExecContext(ctx, d.q(`DELETE FROM ledger_ends WHERE ended{ms} < ?`), d.ts(olderThan))
+		if err != nil {
+			return err
+		}
+		ends, _ := res.RowsAffected()
+		n += ends
 		return nil
 	})
 	if err != nil {

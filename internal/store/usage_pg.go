@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -22,14 +23,56 @@ var putUsagePG = strings.ReplaceAll(`INSERT INTO ledger (key, sandbox_id, projec
 		$8::timestamptz[], $9::bigint[], $10::float8[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[])`+
 	usageOnConflict("GREATEST", "LEAST"), "{ms}", "")
 
-// PutUsage on PostgreSQL writes the rows in one statement (putUsagePG).
-// One statement cannot change a row twice, so rows of one key are merged
-// first, as the store would merge them one after the other.
+// usageColumns are ledger_ends' columns, in the order PutUsage copies
+// them.
+var usageColumns = []string{"key", "sandbox_id", "project", "labels", "node", "started", "ended", "updated", "cpu_usec", "memory_gib_s",
+	"disk_gib_h", "disk_peak_bytes", "snapshot_bytes", "egress_bytes", "fncall_calls"}
+
+// PutUsage on PostgreSQL upserts the rows in one statement (putUsagePG)
+// and copies the sandboxes' sole reports into ledger_ends (COPY), in one
+// transaction. One statement cannot change a row twice, so rows of one key
+// are merged first, as the store would merge them one after the other.
 func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
 		return err
 	}
-	rows = mergeUsageRows(rows)
+	ends, rest := splitAppended(rows)
+	up, err := upsertArgs(mergeUsageRows(rest))
+	if err != nil {
+		return err
+	}
+	copied := make([][]any, len(ends))
+	for i, r := range ends {
+		l, err := json.Marshal(r.Labels)
+		if err != nil {
+			return fmt.Errorf("put usage of sandbox %s: %w", r.SandboxID, err)
+		}
+		copied[i] = []any{r.Key, r.SandboxID, r.Project, string(l), r.Node, nowOr(r.Started), ms(r.Ended), nowOr(r.Updated),
+			r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes, r.SnapshotBytes, r.EgressBytes, r.FnCallCalls}
+	}
+	err = s.retry(ctx, true, func(ctx context.Context) error {
+		if len(ends) == 0 {
+			_, err := s.pool.Exec(ctx, putUsagePG, up...)
+			return err
+		}
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if len(rest) > 0 {
+				if _, err := tx.Exec(ctx, putUsagePG, up...); err != nil {
+					return err
+				}
+			}
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{"ledger_ends"}, usageColumns, pgx.CopyFromRows(copied))
+			return err
+		})
+	})
+	if err != nil {
+		return s.fail(fmt.Sprintf("put %d usage rows", len(rows)), err)
+	}
+	return nil
+}
+
+// upsertArgs are putUsagePG's arguments for rows: a column's values each.
+func upsertArgs(rows []UsageRow) ([]any, error) {
 	n := len(rows)
 	var (
 		keys, ids, projects, labels, nodes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -41,22 +84,14 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	for i, r := range rows {
 		l, err := json.Marshal(r.Labels)
 		if err != nil {
-			return fmt.Errorf("put usage of sandbox %s: %w", r.SandboxID, err)
+			return nil, fmt.Errorf("put usage of sandbox %s: %w", r.SandboxID, err)
 		}
 		keys[i], ids[i], projects[i], labels[i], nodes[i] = r.Key, r.SandboxID, r.Project, string(l), r.Node
 		started[i], ended[i], updated[i] = stamp(nowOr(r.Started)), stamp(ms(r.Ended)), stamp(nowOr(r.Updated))
 		cpu[i], mem[i], disk[i], peak[i], snaps[i], egress[i], calls[i] = r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes,
 			r.SnapshotBytes, r.EgressBytes, r.FnCallCalls
 	}
-	err := s.retry(ctx, true, func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, putUsagePG, keys, ids, projects, labels, nodes, started, ended, updated,
-			cpu, mem, disk, peak, snaps, egress, calls)
-		return err
-	})
-	if err != nil {
-		return s.fail(fmt.Sprintf("put %d usage rows", n), err)
-	}
-	return nil
+	return []any{keys, ids, projects, labels, nodes, started, ended, updated, cpu, mem, disk, peak, snaps, egress, calls}, nil
 }
 
 // mergeUsageRows merges the rows of one key into one, as storing them one

@@ -98,6 +98,15 @@ type Record struct {
 	// Offered is when the record was last offered to the pulls (its
 	// version raised): the next checkpoint is Checkpoint after it.
 	Offered time.Time `json:"offered,omitzero"`
+	// Reported says a report of the record may be stored already: it was
+	// offered to the pulls (a checkpoint, a snapshot), read back from the
+	// file, or adopted (sampled before any Start: a sandbox an earlier
+	// epoch may have reported).
+	Reported bool `json:"reported,omitempty"`
+	// Sole says the record's end is the only report of it ever offered
+	// (not Reported when it ended): the store appends it rather than
+	// looking its key up (store.UsageRow.Sole).
+	Sole bool `json:"sole,omitempty"`
 
 	seq  uint64
 	elem *list.Element // in Ledger.bySeq once changed
@@ -205,6 +214,7 @@ func (l *Ledger) bump(r *Record) {
 	l.seq++
 	r.seq = l.seq
 	r.Offered = r.Updated
+	r.Reported = true
 	if r.elem == nil {
 		r.elem = l.bySeq.PushBack(r)
 	} else {
@@ -264,7 +274,7 @@ func (l *Ledger) ObserveAll(obs []Observation) {
 func (l *Ledger) observe(id, project string, labels map[string]string, s Sample) {
 	r := l.recs[id]
 	if r == nil {
-		r = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: s.At, Offered: s.At}
+		r = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: s.At, Offered: s.At, Reported: true}
 		l.recs[id] = r
 	}
 	switch {
@@ -333,6 +343,7 @@ func (l *Ledger) End(id string, at time.Time) {
 	defer l.mu.Unlock()
 	if r := l.recs[id]; r != nil && r.Ended.IsZero() {
 		r.Ended, r.Updated = at, at
+		r.Sole = !r.Reported
 		l.ended++
 		l.bump(r)
 	}
@@ -409,6 +420,7 @@ func (l *Ledger) msg(r *Record) *dsecv1.UsageRecord {
 			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes, Sandboxes: 1}}
 	if !r.Ended.IsZero() {
 		m.EndedUnixMs = r.Ended.UnixMilli()
+		m.Sole = r.Sole
 	}
 	return m
 }

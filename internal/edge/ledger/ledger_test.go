@@ -276,3 +276,62 @@ func TestInMemoryDrops(t *testing.T) {
 		t.Error("a kept past Keep")
 	}
 }
+
+// TestSole: a sandbox's end is its sole report when nothing of it was
+// offered before (no checkpoint, no snapshot, made by Start in this run
+// of the ledger); a checkpointed, snapshotted, adopted or reloaded one's
+// end is not, so the store never appends an end beside a stored
+// checkpoint of its key.
+func TestSole(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.json")
+	l, err := Open("n1", path, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetCheckpoint(time.Minute)
+	t0 := time.Unix(1000, 0)
+	for _, id := range []string{"short", "ckpt", "snap", "reloaded"} {
+		l.Start(id, "p", nil, t0, true)
+		l.Observe(id, "p", nil, Sample{At: t0.Add(time.Second), CPUUsec: 10})
+	}
+	l.Observe("ckpt", "p", nil, Sample{At: t0.Add(2 * time.Minute), CPUUsec: 20}) // a checkpoint
+	l.AddSnapshot("snap", 1<<20)
+	// Sampled with no Start: a sandbox a restarted edge adopted.
+	l.Observe("adopted", "p", nil, Sample{At: t0.Add(time.Second), CPUUsec: 10})
+	for _, id := range []string{"short", "ckpt", "snap", "adopted"} {
+		l.End(id, t0.Add(3*time.Minute))
+	}
+	want := map[string]bool{"short": true, "ckpt": false, "snap": false, "adopted": false}
+	recs, epoch, next := l.Changed("", 0)
+	for _, r := range recs {
+		if w, ok := want[r.GetSandboxId()]; ok && r.GetSole() != w {
+			t.Errorf("%s: sole %v, want %v", r.GetSandboxId(), r.GetSole(), w)
+		}
+		delete(want, r.GetSandboxId())
+	}
+	if len(want) != 0 {
+		t.Fatalf("not pulled: %v", want)
+	}
+
+	// Read back from its file, a live record's end is not sole (its
+	// record was offered in the new epoch); an ended one stays as it was.
+	if err := l.Save(t0.Add(3 * time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Open("n1", path, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2.End("reloaded", t0.Add(4*time.Minute))
+	recs, _, _ = l2.Changed(epoch, next)
+	got := map[string]bool{}
+	for _, r := range recs {
+		got[r.GetSandboxId()] = r.GetSole()
+	}
+	if s, ok := got["reloaded"]; !ok || s {
+		t.Fatalf("reloaded: pulled %v, sole %v; want pulled, not sole", ok, s)
+	}
+	if !got["short"] || got["ckpt"] {
+		t.Fatalf("ended before the reload: short sole %v, ckpt sole %v; want true, false", got["short"], got["ckpt"])
+	}
+}

@@ -17,6 +17,7 @@ var usageCases = []struct {
 	{"Usage", testUsage},
 	{"UsageExpire", testUsageExpire},
 	{"UsageLive", testUsageLive},
+	{"UsageSole", testUsageSole},
 }
 
 // usageReplicaCases need two Stores on one database.
@@ -147,6 +148,56 @@ func testUsageLive(t *testing.T, st store.Store) {
 	// Nothing live: the stored rows alone.
 	if got := sumsOf(t, st, store.UsageQuery{Projects: []string{"a"}}); got["a"].CPUUsec != 11_000_000 {
 		t.Fatalf("project a without live rows: %+v", got)
+	}
+}
+
+// testUsageSole: a sandbox's sole report (its end, nothing offered
+// before it) counts as any report does: put twice, in one call or two,
+// or beside an ordinary report of its key (a node's whole ledger pulled
+// again), its sandbox counts once at each figure's largest; windows,
+// labels, live rows and the expiry see it as they see the other rows.
+func testUsageSole(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	t0 := ms(time.Now().Add(-48 * time.Hour))
+	run := map[string]string{"run": "r1"}
+	sole := func(id string, ended time.Time, cpu int64) store.UsageRow {
+		r := usageRow(id, "s", run, t0, ended, cpu)
+		r.Sole = true
+		return r
+	}
+	must(t, "PutUsage", st.PutUsage(ctx, sole("sb-1", t0.Add(time.Minute), 1_000_000), sole("sb-2", t0.Add(time.Hour), 2_000_000),
+		sole("sb-1", t0.Add(time.Minute), 1_000_000)))
+	must(t, "PutUsage again", st.PutUsage(ctx, sole("sb-2", t0.Add(time.Hour), 2_000_000)))
+	// Sole without an end is an ordinary report (a live sandbox's).
+	must(t, "PutUsage of a live sole", st.PutUsage(ctx, sole("sb-live", time.Time{}, 4_000_000)))
+	got := sumsOf(t, st, store.UsageQuery{Projects: []string{"s"}, By: "label:run"})
+	if got["r1"].CPUUsec != 7_000_000 || got["r1"].Sandboxes != 3 || got["r1"].EgressBytes != 300 {
+		t.Fatalf("project s by run: %+v, want 7 s of CPU, 3 sandboxes, 300 egress bytes (each sandbox once)", got["r1"])
+	}
+	// An ordinary report of sb-1 beside its sole ones: the larger figures.
+	must(t, "PutUsage of an ordinary report", st.PutUsage(ctx, usageRow("sb-1", "s", run, t0, t0.Add(time.Minute), 1_500_000)))
+	sbs := sumsOf(t, st, store.UsageQuery{Projects: []string{"s"}, By: "sandbox"})
+	if len(sbs) != 3 || sbs["sb-1"].CPUUsec != 1_500_000 || sbs["sb-1"].Sandboxes != 1 || sbs["sb-2"].CPUUsec != 2_000_000 {
+		t.Fatalf("project s by sandbox: %+v, want sb-1 once at 1.5 s of CPU, sb-2 at 2 s", sbs)
+	}
+	// sb-1 ended before the window, sb-2 within it.
+	win := sumsOf(t, st, store.UsageQuery{Projects: []string{"s"}, Since: t0.Add(10 * time.Minute), By: "sandbox"})
+	if len(win) != 2 || win["sb-2"].CPUUsec != 2_000_000 || win["sb-live"].CPUUsec != 4_000_000 {
+		t.Fatalf("window: %+v, want sb-2 and sb-live", win)
+	}
+	// A live row of an ended sandbox (a node holds it a minute after its
+	// end) counts in place of its sole report, at the larger figures.
+	live := sumsOf(t, st, store.UsageQuery{Projects: []string{"s"}, By: "sandbox", Live: []store.UsageRow{sole("sb-2", t0.Add(time.Hour), 3_000_000)}})
+	if live["sb-2"].CPUUsec != 3_000_000 || live["sb-2"].Sandboxes != 1 {
+		t.Fatalf("sb-2 with its live row: %+v", live["sb-2"])
+	}
+	// Both ended 47 hours ago: expired with the ordinary rows.
+	if _, err := st.ExpireUsage(ctx, time.Now().Add(-24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	left := sumsOf(t, st, store.UsageQuery{Projects: []string{"s"}, By: "sandbox"})
+	if len(left) != 1 || left["sb-live"].CPUUsec != 4_000_000 {
+		t.Fatalf("after expiry: %+v, want sb-live alone", left)
 	}
 }
 

@@ -11198,6 +11198,11 @@ type UsageRecord struct {
 	EndedUnixMs   int64                  `protobuf:"varint,6,opt,name=ended_unix_ms,json=endedUnixMs,proto3" json:"ended_unix_ms,omitempty"` // 0 while it lives
 	UpdatedUnixMs int64                  `protobuf:"varint,7,opt,name=updated_unix_ms,json=updatedUnixMs,proto3" json:"updated_unix_ms,omitempty"`
 	Usage         *UsageFigures          `protobuf:"bytes,8,opt,name=usage,proto3" json:"usage,omitempty"`
+	// The record's end is the only report of it its node ever offered (no
+	// checkpoint or snapshot before it, made in this run of the node's
+	// ledger): the store appends it without looking for an earlier row of
+	// its sandbox (docs/usage.md).
+	Sole          bool `protobuf:"varint,9,opt,name=sole,proto3" json:"sole,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -11286,6 +11291,13 @@ func (x *UsageRecord) GetUsage() *UsageFigures {
 		return x.Usage
 	}
 	return nil
+}
+
+func (x *UsageRecord) GetSole() bool {
+	if x != nil {
+		return x.Sole
+	}
+	return false
 }
 
 type UsageRequest struct {
@@ -12969,7 +12981,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x0esnapshot_bytes\x18\x05 \x01(\x03R\rsnapshotBytes\x12!\n" +
 	"\fegress_bytes\x18\x06 \x01(\x03R\vegressBytes\x12!\n" +
 	"\ffncall_calls\x18\a \x01(\x03R\vfncallCalls\x12\x1c\n" +
-	"\tsandboxes\x18\b \x01(\x03R\tsandboxes\"\xf0\x02\n" +
+	"\tsandboxes\x18\b \x01(\x03R\tsandboxes\"\x84\x03\n" +
 	"\vUsageRecord\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
@@ -12979,7 +12991,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x0fstarted_unix_ms\x18\x05 \x01(\x03R\rstartedUnixMs\x12\"\n" +
 	"\rended_unix_ms\x18\x06 \x01(\x03R\vendedUnixMs\x12&\n" +
 	"\x0fupdated_unix_ms\x18\a \x01(\x03R\rupdatedUnixMs\x12+\n" +
-	"\x05usage\x18\b \x01(\v2\x15.dsec.v1.UsageFiguresR\x05usage\x1a9\n" +
+	"\x05usage\x18\b \x01(\v2\x15.dsec.v1.UsageFiguresR\x05usage\x12\x12\n" +
+	"\x04sole\x18\t \x01(\bR\x04sole\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
