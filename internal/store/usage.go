@@ -59,22 +59,29 @@ type UsageRow struct {
 
 // appended says whether PutUsage appends r to ledger_ends (a sandbox's
 // sole report) rather than upserting it into ledger.
-func appended(r UsageRow) bool { return r.Sole && r.SandboxID != "" && !r.Ended.IsZero() }
+func appended(r *UsageRow) bool { return r.Sole && r.SandboxID != "" && !r.Ended.IsZero() }
 
 // splitAppended parts rows into those PutUsage appends and the rest.
 func splitAppended(rows []UsageRow) (ends, rest []UsageRow) {
-	for i, r := range rows {
-		if appended(r) {
-			if ends == nil {
-				rest = append(make([]UsageRow, 0, len(rows)), rows[:i]...)
-			}
-			ends = append(ends, r)
-		} else if ends != nil {
-			rest = append(rest, r)
+	n := 0
+	for i := range rows {
+		if appended(&rows[i]) {
+			n++
 		}
 	}
-	if ends == nil {
+	switch n {
+	case 0:
 		return nil, rows
+	case len(rows):
+		return rows, nil
+	}
+	ends, rest = make([]UsageRow, 0, n), make([]UsageRow, 0, len(rows)-n)
+	for i := range rows {
+		if appended(&rows[i]) {
+			ends = append(ends, rows[i])
+		} else {
+			rest = append(rest, rows[i])
+		}
 	}
 	return ends, rest
 }

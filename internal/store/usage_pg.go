@@ -41,15 +41,6 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	if err != nil {
 		return err
 	}
-	copied := make([][]any, len(ends))
-	for i, r := range ends {
-		l, err := json.Marshal(r.Labels)
-		if err != nil {
-			return fmt.Errorf("put usage of sandbox %s: %w", r.SandboxID, err)
-		}
-		copied[i] = []any{r.Key, r.SandboxID, r.Project, string(l), r.Node, nowOr(r.Started), ms(r.Ended), nowOr(r.Updated),
-			r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes, r.SnapshotBytes, r.EgressBytes, r.FnCallCalls}
-	}
 	err = s.retry(ctx, true, func(ctx context.Context) error {
 		if len(ends) == 0 {
 			_, err := s.pool.Exec(ctx, putUsagePG, up...)
@@ -61,7 +52,7 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 					return err
 				}
 			}
-			_, err := tx.CopyFrom(ctx, pgx.Identifier{"ledger_ends"}, usageColumns, pgx.CopyFromRows(copied))
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{"ledger_ends"}, usageColumns, copyEnds(ends))
 			return err
 		})
 	})
@@ -69,6 +60,30 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 		return s.fail(fmt.Sprintf("put %d usage rows", len(rows)), err)
 	}
 	return nil
+}
+
+// copyEnds is a COPY source of rows in ledger_ends' columns, one row of
+// values at a time in one slice (pgx encodes a row before it asks for the
+// next).
+func copyEnds(rows []UsageRow) pgx.CopyFromSource {
+	i := 0
+	vals := make([]any, len(usageColumns))
+	return pgx.CopyFromFunc(func() ([]any, error) {
+		if i == len(rows) {
+			return nil, nil
+		}
+		r := &rows[i]
+		i++
+		l, err := json.Marshal(r.Labels)
+		if err != nil {
+			return nil, fmt.Errorf("put usage of sandbox %s: %w", r.SandboxID, err)
+		}
+		vals[0], vals[1], vals[2], vals[3], vals[4] = r.Key, r.SandboxID, r.Project, string(l), r.Node
+		vals[5], vals[6], vals[7] = nowOr(r.Started), ms(r.Ended), nowOr(r.Updated)
+		vals[8], vals[9], vals[10], vals[11], vals[12], vals[13], vals[14] = r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes,
+			r.SnapshotBytes, r.EgressBytes, r.FnCallCalls
+		return vals, nil
+	})
 }
 
 // upsertArgs are putUsagePG's arguments for rows: a column's values each.

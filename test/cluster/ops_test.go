@@ -60,10 +60,15 @@ func opsOn() []string {
 // first costs, if anything: two clusters with all three off read 1.014×
 // and 1.001× in create rate so; before the quota sweep tallied, it
 // listed every sandbox each 30 s, and that read them up to 10 % apart,
-// the cluster started first the worse). DSEC_BENCH_TTL=20s gives each
+// the cluster started first the worse). DSEC_BENCH_TTL=5s gives each
 // sandbox that TTL, which the hollow edges end it at: each sandbox then
 // costs its end too (its event, its ledger row in the store), as in a
 // training loop's steady state; without it no sandbox ends in a run.
+// Keep the TTL at most half a turn (5 s): a sandbox that expires while
+// its cluster is frozen ends at the cluster's next turn, and with a TTL
+// of 20 s the side that goes first pays the ends of 3.5 turns' creates
+// in its rounds, the other of 2.5 (ABBA, each warm-up half a turn); at
+// 5 s each pays 4.
 //
 //	go test -v -run '^$' -bench ClusterOps -benchtime 1x ./test/cluster   # as root; -v: the whole report
 func BenchmarkClusterOps(b *testing.B) {
