@@ -140,6 +140,18 @@ func (f *fakeEdge) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) 
 	return proto.Clone(sb).(*dsecv1.Sandbox), nil
 }
 
+func (f *fakeEdge) Gone(ids []string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, id := range ids {
+		if sb, ok := f.sbs[id]; !ok || !sandbox.Live(sb.GetState()) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 func (f *fakeEdge) List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

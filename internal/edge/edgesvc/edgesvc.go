@@ -61,6 +61,10 @@ type Edge interface {
 	// token to sandbox ID.
 	Tokens() map[string]string
 	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
+	// Gone returns those of ids that name no live sandbox (ended, or
+	// unknown), reading states without copying records: the
+	// reconciler's check of a node's rows asks for all of them at once.
+	Gone(ids []string) []string
 	// Query answers List: the sandboxes q matches, or its page of them,
 	// and how many match in all.
 	Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbox, int, error)
@@ -729,17 +733,7 @@ func (s *Service) Reap(ctx context.Context, req *connect.Request[edgev1.ReapRequ
 
 // Gone answers which of the given IDs the node holds no live sandbox for.
 func (s *Service) Gone(ctx context.Context, req *connect.Request[edgev1.GoneRequest]) (*connect.Response[edgev1.GoneResponse], error) {
-	out := &edgev1.GoneResponse{}
-	for _, id := range req.Msg.GetIds() {
-		sb, err := s.edge.Get(ctx, id)
-		switch {
-		case errors.Is(err, errdefs.ErrNotFound), err == nil && !live(sb):
-			out.Ids = append(out.Ids, id)
-		case err != nil:
-			return nil, err
-		}
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&edgev1.GoneResponse{Ids: s.edge.Gone(req.Msg.GetIds())}), nil
 }
 
 func (s *Service) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {

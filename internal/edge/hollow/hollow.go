@@ -272,6 +272,19 @@ func (e *Edge) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
 	return proto.Clone(sb).(*dsecv1.Sandbox), nil
 }
 
+// Gone returns those of ids that name no live sandbox, under one lock.
+func (e *Edge) Gone(ids []string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, id := range ids {
+		if sb, ok := e.sbs[id]; !ok || !sandbox.Live(sb.GetState()) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 func (e *Edge) List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error) {
 	out, _, err := e.Query(ctx, sandboxpage.Query{Labels: labels, States: states})
 	sort.Slice(out, func(i, j int) bool { return out[i].GetId() < out[j].GetId() })

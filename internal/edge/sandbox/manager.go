@@ -677,6 +677,26 @@ func (m *Manager) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
 	return rec, nil
 }
 
+// Gone returns those of ids that name no live sandbox: ended, unknown, or
+// waiting in a warm pool (nobody's yet).
+func (m *Manager) Gone(ids []string) []string {
+	var out []string
+	for _, id := range ids {
+		sb, err := m.lookup(id)
+		if err != nil {
+			out = append(out, id)
+			continue
+		}
+		sb.mu.Lock()
+		st := sb.rec.GetState()
+		sb.mu.Unlock()
+		if !Live(st) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // List returns the sandboxes whose labels include labels and whose state is
 // one of states (any, when empty), oldest first.
 func (m *Manager) List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error) {

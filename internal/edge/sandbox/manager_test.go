@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -352,5 +353,27 @@ func TestTokensSurviveRecover(t *testing.T) {
 	}
 	if err := m2.Teardown(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGone: Gone names the IDs of ended and unknown sandboxes, not of
+// live ones.
+func TestGone(t *testing.T) {
+	m := newTestManager(t, t.TempDir(), newFake(t))
+	ctx := context.Background()
+	var ids []string
+	for range 2 {
+		sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.GetId())
+	}
+	if err := m.Delete(ctx, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	unknown := "sb-n1-0123456789abcdef"
+	if got := m.Gone([]string{ids[0], ids[1], unknown}); !slices.Equal(got, []string{ids[1], unknown}) {
+		t.Fatalf("gone %v, want [%s %s]", got, ids[1], unknown)
 	}
 }
