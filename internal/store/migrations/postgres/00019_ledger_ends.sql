@@ -10,23 +10,9 @@
 -- serves the windows and the expiry at next to no cost a row.
 
 -- +goose Up
-CREATE TABLE ledger_ends (
-	key              text NOT NULL,
-	sandbox_id       text NOT NULL,
-	project          text NOT NULL,
-	labels           text NOT NULL,
-	node             text NOT NULL,
-	started          timestamptz NOT NULL,
-	ended            timestamptz NOT NULL,
-	updated          timestamptz NOT NULL,
-	cpu_usec         bigint NOT NULL,
-	memory_gib_s     double precision NOT NULL,
-	disk_gib_h       double precision NOT NULL,
-	disk_peak_bytes  bigint NOT NULL,
-	snapshot_bytes   bigint NOT NULL,
-	egress_bytes     bigint NOT NULL,
-	fncall_calls     bigint NOT NULL
-);
+-- ledger's columns (no key, no index of its own), an end always set.
+CREATE TABLE ledger_ends (LIKE ledger);
+ALTER TABLE ledger_ends ALTER COLUMN ended SET NOT NULL;
 CREATE INDEX ledger_ends_ended ON ledger_ends USING brin (ended);
 
 -- +goose Down
