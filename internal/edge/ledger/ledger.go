@@ -98,15 +98,14 @@ type Record struct {
 	// Offered is when the record was last offered to the pulls (its
 	// version raised): the next checkpoint is Checkpoint after it.
 	Offered time.Time `json:"offered,omitzero"`
-	// Reported says a report of the record may be stored already: it was
-	// offered to the pulls (a checkpoint, a snapshot), read back from the
-	// file, or adopted (sampled before any Start: a sandbox an earlier
-	// epoch may have reported).
+	// Reported says a report of the record may have been stored before
+	// its end: it was offered to the pulls while it lived (a checkpoint,
+	// a snapshot, read back from the file), or adopted (sampled before
+	// any Start: a sandbox an earlier epoch may have reported). An ended
+	// record not Reported is sole: its end is the only report of it ever
+	// offered, which the store appends rather than looking its key up
+	// (store.UsageRow.Sole).
 	Reported bool `json:"reported,omitempty"`
-	// Sole says the record's end is the only report of it ever offered
-	// (not Reported when it ended): the store appends it rather than
-	// looking its key up (store.UsageRow.Sole).
-	Sole bool `json:"sole,omitempty"`
 
 	seq  uint64
 	elem *list.Element // in Ledger.bySeq once changed
@@ -214,7 +213,9 @@ func (l *Ledger) bump(r *Record) {
 	l.seq++
 	r.seq = l.seq
 	r.Offered = r.Updated
-	r.Reported = true
+	if r.Ended.IsZero() {
+		r.Reported = true
+	}
 	if r.elem == nil {
 		r.elem = l.bySeq.PushBack(r)
 	} else {
@@ -343,7 +344,6 @@ func (l *Ledger) End(id string, at time.Time) {
 	defer l.mu.Unlock()
 	if r := l.recs[id]; r != nil && r.Ended.IsZero() {
 		r.Ended, r.Updated = at, at
-		r.Sole = !r.Reported
 		l.ended++
 		l.bump(r)
 	}
@@ -420,7 +420,7 @@ func (l *Ledger) msg(r *Record) *dsecv1.UsageRecord {
 			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes, Sandboxes: 1}}
 	if !r.Ended.IsZero() {
 		m.EndedUnixMs = r.Ended.UnixMilli()
-		m.Sole = r.Sole
+		m.Sole = !r.Reported
 	}
 	return m
 }
