@@ -1,8 +1,8 @@
 package store
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -23,10 +23,10 @@ var putUsagePG = strings.ReplaceAll(`INSERT INTO ledger (key, sandbox_id, projec
 		$8::timestamptz[], $9::bigint[], $10::float8[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[])`+
 	usageOnConflict("GREATEST", "LEAST"), "{ms}", "")
 
-// usageColumns are ledger_ends' columns, in the order PutUsage copies
-// them.
-var usageColumns = []string{"key", "sandbox_id", "project", "labels", "node", "started", "ended", "updated", "cpu_usec", "memory_gib_s",
-	"disk_gib_h", "disk_peak_bytes", "snapshot_bytes", "egress_bytes", "fncall_calls"}
+// copyEndsPG copies rows into ledger_ends, their columns in the order
+// copyEnds writes them.
+const copyEndsPG = `COPY ledger_ends (key, sandbox_id, project, labels, node, started, ended, updated, cpu_usec, memory_gib_s,
+	disk_gib_h, disk_peak_bytes, snapshot_bytes, egress_bytes, fncall_calls) FROM STDIN (FORMAT binary)`
 
 // PutUsage on PostgreSQL upserts the rows in one statement (putUsagePG)
 // and copies the sandboxes' sole reports into ledger_ends (COPY), in one
@@ -37,11 +37,12 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 		return err
 	}
 	ends, rest := splitAppended(rows)
-	up, err := upsertArgs(mergeUsageRows(rest))
-	if err != nil {
-		return err
+	up := upsertArgs(mergeUsageRows(rest))
+	var copied []byte
+	if len(ends) > 0 {
+		copied = copyEnds(ends)
 	}
-	err = s.retry(ctx, true, func(ctx context.Context) error {
+	err := s.retry(ctx, true, func(ctx context.Context) error {
 		if len(ends) == 0 {
 			_, err := s.pool.Exec(ctx, putUsagePG, up...)
 			return err
@@ -52,7 +53,7 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 					return err
 				}
 			}
-			_, err := tx.CopyFrom(ctx, pgx.Identifier{"ledger_ends"}, usageColumns, copyEnds(ends))
+			_, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(copied), copyEndsPG)
 			return err
 		})
 	})
@@ -62,32 +63,36 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	return nil
 }
 
-// copyEnds is a COPY source of rows in ledger_ends' columns, one row of
-// values at a time in one slice (pgx encodes a row before it asks for the
-// next).
-func copyEnds(rows []UsageRow) pgx.CopyFromSource {
-	i := 0
-	vals := make([]any, len(usageColumns))
-	return pgx.CopyFromFunc(func() ([]any, error) {
-		if i == len(rows) {
-			return nil, nil
-		}
+// copyEnds is the binary COPY data of rows in ledger_ends' columns
+// (copyEndsPG).
+func copyEnds(rows []UsageRow) []byte {
+	// A row's fixed part (15 fields' lengths, 10 of them 8 bytes of
+	// value) and its strings at their usual lengths.
+	c := newCopyRows(len(rows), 2+15*4+10*8+160)
+	for i := range rows {
 		r := &rows[i]
-		i++
-		l, err := json.Marshal(r.Labels)
-		if err != nil {
-			return nil, fmt.Errorf("put usage of sandbox %s: %w", r.SandboxID, err)
-		}
-		vals[0], vals[1], vals[2], vals[3], vals[4] = r.Key, r.SandboxID, r.Project, string(l), r.Node
-		vals[5], vals[6], vals[7] = nowOr(r.Started), ms(r.Ended), nowOr(r.Updated)
-		vals[8], vals[9], vals[10], vals[11], vals[12], vals[13], vals[14] = r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes,
-			r.SnapshotBytes, r.EgressBytes, r.FnCallCalls
-		return vals, nil
-	})
+		c.row(15)
+		c.text(r.Key)
+		c.text(r.SandboxID)
+		c.text(r.Project)
+		c.labelsJSON(r.Labels)
+		c.text(r.Node)
+		c.timestamptz(nowOr(r.Started))
+		c.timestamptz(ms(r.Ended))
+		c.timestamptz(nowOr(r.Updated))
+		c.int8(r.CPUUsec)
+		c.float8(r.MemoryGiBSec)
+		c.float8(r.DiskGiBHours)
+		c.int8(r.DiskPeakBytes)
+		c.int8(r.SnapshotBytes)
+		c.int8(r.EgressBytes)
+		c.int8(r.FnCallCalls)
+	}
+	return c.data()
 }
 
 // upsertArgs are putUsagePG's arguments for rows: a column's values each.
-func upsertArgs(rows []UsageRow) ([]any, error) {
+func upsertArgs(rows []UsageRow) []any {
 	n := len(rows)
 	var (
 		keys, ids, projects, labels, nodes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -97,16 +102,12 @@ func upsertArgs(rows []UsageRow) ([]any, error) {
 	)
 	stamp := func(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()} }
 	for i, r := range rows {
-		l, err := json.Marshal(r.Labels)
-		if err != nil {
-			return nil, fmt.Errorf("put usage of sandbox %s: %w", r.SandboxID, err)
-		}
-		keys[i], ids[i], projects[i], labels[i], nodes[i] = r.Key, r.SandboxID, r.Project, string(l), r.Node
+		keys[i], ids[i], projects[i], labels[i], nodes[i] = r.Key, r.SandboxID, r.Project, string(appendLabelsJSON(nil, r.Labels)), r.Node
 		started[i], ended[i], updated[i] = stamp(nowOr(r.Started)), stamp(ms(r.Ended)), stamp(nowOr(r.Updated))
 		cpu[i], mem[i], disk[i], peak[i], snaps[i], egress[i], calls[i] = r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes,
 			r.SnapshotBytes, r.EgressBytes, r.FnCallCalls
 	}
-	return []any{keys, ids, projects, labels, nodes, started, ended, updated, cpu, mem, disk, peak, snaps, egress, calls}, nil
+	return []any{keys, ids, projects, labels, nodes, started, ended, updated, cpu, mem, disk, peak, snaps, egress, calls}
 }
 
 // mergeUsageRows merges the rows of one key into one, as storing them one
