@@ -70,7 +70,8 @@ type Log struct {
 	f         *os.File
 	inSegment int
 	buf, rec  []byte
-	closed    bool // Close was called: Add records nothing more
+	key       []byte // an event's key, being built
+	closed    bool   // Close was called: Add records nothing more
 }
 
 // New returns an empty log of node's, keeping capacity events (0:
@@ -99,7 +100,10 @@ func (l *Log) Add(kind, id, project, reason, message string) {
 		l.ring = make([]*dsecv1.Event, l.capacity)
 	}
 	l.last++
-	ev.Key = l.node + "/" + l.epoch + "/" + strconv.FormatUint(l.last, 10)
+	// One allocation for the key, where the concatenation made two.
+	l.key = append(append(append(append(l.key[:0], l.node...), '/'), l.epoch...), '/')
+	l.key = strconv.AppendUint(l.key, l.last, 10)
+	ev.Key = string(l.key)
 	l.ring[(l.last-1)%uint64(l.capacity)] = ev
 	if l.last-l.first >= uint64(l.capacity) {
 		l.first = l.last - uint64(l.capacity) + 1

@@ -125,7 +125,17 @@ type Ledger struct {
 	seq   uint64
 	recs  map[string]*Record
 	bySeq *list.List // the changed records (*Record), by seq, oldest first
-	ended int        // how many of recs ended
+	// ends are the ended records in the order End was called, each with
+	// its end, for Save to drop those ended more than Keep ago without
+	// reading every record (a hollow edge's ledger holds hundreds of
+	// thousands); one since dropped or started again is passed over.
+	ends []ending
+}
+
+// ending is a record and when it ended, in Ledger.ends.
+type ending struct {
+	r  *Record
+	at time.Time
 }
 
 // Open returns node's ledger, saved at path ("": kept in memory only) and
@@ -155,9 +165,10 @@ func Open(node, path string, log *slog.Logger) (*Ledger, error) {
 		l.recs[r.SandboxID] = r
 		l.bump(r)
 		if !r.Ended.IsZero() {
-			l.ended++
+			l.ends = append(l.ends, ending{r, r.Ended})
 		}
 	}
+	slices.SortFunc(l.ends, func(a, b ending) int { return a.at.Compare(b.at) })
 	return l, nil
 }
 
@@ -190,6 +201,10 @@ func (l *Ledger) Node() string { return l.node }
 
 // Start records that sandbox id was made for a caller (fresh) or claimed
 // from a warm pool (not fresh: what it used before its claim is nobody's).
+// The record keeps labels as given, not a copy (a copy each sandbox was a
+// tenth of what a busy node's ledger allocated): the caller never changes
+// the map after, as a sandbox's spec, whose labels are replaced and never
+// changed in place.
 func (l *Ledger) Start(id, project string, labels map[string]string, at time.Time, fresh bool) {
 	if l == nil {
 		return
@@ -204,7 +219,7 @@ func (l *Ledger) Start(id, project string, labels map[string]string, at time.Tim
 		l.drop(r)
 	}
 	// Not bumped: nothing to pull until its first checkpoint or its end.
-	l.recs[id] = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: at, Updated: at, FromZero: fresh, Offered: at}
+	l.recs[id] = &Record{SandboxID: id, Project: project, Labels: labels, Started: at, Updated: at, FromZero: fresh, Offered: at}
 }
 
 // bump raises the ledger's version to r's: r is the newest change,
@@ -228,9 +243,6 @@ func (l *Ledger) drop(r *Record) {
 	if r.elem != nil {
 		l.bySeq.Remove(r.elem)
 		r.elem = nil
-	}
-	if !r.Ended.IsZero() {
-		l.ended--
 	}
 	delete(l.recs, r.SandboxID)
 }
@@ -344,7 +356,7 @@ func (l *Ledger) End(id string, at time.Time) {
 	defer l.mu.Unlock()
 	if r := l.recs[id]; r != nil && r.Ended.IsZero() {
 		r.Ended, r.Updated = at, at
-		l.ended++
+		l.ends = append(l.ends, ending{r, at})
 		l.bump(r)
 	}
 }
@@ -413,8 +425,11 @@ func under(project, path string) bool {
 	return path == "" || project == path || strings.HasPrefix(project, path+"/")
 }
 
+// msg is r as the pulls and Live send it. Its labels are r's map, not a
+// copy: the ledger never changes a record's map in place (a change of
+// labels replaces it), and the message is only read.
 func (l *Ledger) msg(r *Record) *dsecv1.UsageRecord {
-	m := &dsecv1.UsageRecord{SandboxId: r.SandboxID, Project: r.Project, Labels: maps.Clone(r.Labels), Node: l.node,
+	m := &dsecv1.UsageRecord{SandboxId: r.SandboxID, Project: r.Project, Labels: r.Labels, Node: l.node,
 		StartedUnixMs: r.Started.UnixMilli(), UpdatedUnixMs: r.Updated.UnixMilli(),
 		Usage: &dsecv1.UsageFigures{CpuUsec: r.CPUUsec, MemoryGibSeconds: r.MemoryGiBSec, DiskGibHours: r.DiskGiBHours,
 			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes, Sandboxes: 1}}
@@ -447,22 +462,20 @@ func (l *Ledger) Save(now time.Time) error {
 		return nil
 	}
 	l.mu.Lock()
-	if l.path == "" && l.ended == 0 {
-		// Nothing to write, nor to drop (a hollow edge's round at
-		// 100,000 sandboxes read them all for nothing).
-		l.mu.Unlock()
-		return nil
+	// Ends come about in time order: the first not past Keep ends the
+	// drops (one out of order waits for those before it).
+	n := 0
+	for ; n < len(l.ends) && now.Sub(l.ends[n].at) > Keep; n++ {
+		if d := l.ends[n]; l.recs[d.r.SandboxID] == d.r && d.r.Ended.Equal(d.at) {
+			l.drop(d.r)
+		}
 	}
+	clear(l.ends[:n])
+	l.ends = l.ends[n:]
 	var recs []*Record
 	if l.path != "" {
 		recs = make([]*Record, 0, len(l.recs))
-	}
-	for _, r := range l.recs {
-		if !r.Ended.IsZero() && now.Sub(r.Ended) > Keep {
-			l.drop(r)
-			continue
-		}
-		if l.path != "" {
+		for _, r := range l.recs {
 			c := *r
 			c.elem = nil
 			recs = append(recs, &c)

@@ -335,3 +335,46 @@ func TestSole(t *testing.T) {
 		t.Fatalf("ended before the reload: short sole %v, ckpt sole %v; want true, false", got["short"], got["ckpt"])
 	}
 }
+
+// TestReloadedDrops: the records a ledger read back from its file are
+// dropped Keep after their ends as its own are, oldest first, whatever
+// order the file held them in.
+func TestReloadedDrops(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.json")
+	l, err := Open("n1", path, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	ends := map[string]time.Time{"late": t0, "early": t0.Add(-time.Minute), "live": {}}
+	for id, at := range ends {
+		l.Start(id, "p", nil, t0.Add(-time.Hour), true)
+		if !at.IsZero() {
+			l.End(id, at)
+		}
+	}
+	if err := l.Save(t0); err != nil {
+		t.Fatal(err)
+	}
+	l, err = Open("n1", path, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		at   time.Time
+		kept map[string]bool
+	}{
+		{t0, map[string]bool{"late": true, "early": true, "live": true}},
+		{t0.Add(Keep - time.Second), map[string]bool{"late": true, "early": false, "live": true}},
+		{t0.Add(Keep + time.Second), map[string]bool{"late": false, "early": false, "live": true}},
+	} {
+		if err := l.Save(step.at); err != nil {
+			t.Fatal(err)
+		}
+		for id, kept := range step.kept {
+			if _, ok := l.Get(id); ok != kept {
+				t.Errorf("a save at t0+%s: %s kept %v, want %v", step.at.Sub(t0), id, ok, kept)
+			}
+		}
+	}
+}
