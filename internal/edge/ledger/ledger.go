@@ -27,6 +27,7 @@
 package ledger
 
 import (
+	"cmp"
 	"container/list"
 	"crypto/rand"
 	"encoding/hex"
@@ -129,13 +130,52 @@ type Ledger struct {
 	// its end, for Save to drop those ended more than Keep ago without
 	// reading every record (a hollow edge's ledger holds hundreds of
 	// thousands); one since dropped or started again is passed over.
-	ends []ending
+	ends endQueue
 }
 
-// ending is a record and when it ended, in Ledger.ends.
+// ending is a record and when it ended (Unix nanoseconds), in
+// Ledger.ends.
 type ending struct {
 	r  *Record
-	at time.Time
+	at int64
+}
+
+// endChunk is how many endings a chunk of an endQueue holds.
+const endChunk = 4096
+
+// endQueue is a FIFO of endings in chunks, so that a busy node's queue
+// grows without copying what it holds (a slice's growth copied each
+// ending about four times over, most of what End allocated).
+type endQueue struct {
+	chunks [][]ending
+}
+
+func (q *endQueue) push(e ending) {
+	if n := len(q.chunks); n == 0 || len(q.chunks[n-1]) == cap(q.chunks[n-1]) {
+		q.chunks = append(q.chunks, make([]ending, 0, endChunk))
+	}
+	last := &q.chunks[len(q.chunks)-1]
+	*last = append(*last, e)
+}
+
+// front is the oldest ending; false when there is none.
+func (q *endQueue) front() (ending, bool) {
+	if len(q.chunks) == 0 {
+		return ending{}, false
+	}
+	return q.chunks[0][0], true
+}
+
+// pop drops the oldest ending.
+func (q *endQueue) pop() {
+	c := q.chunks[0]
+	c[0] = ending{}
+	if len(c) > 1 {
+		q.chunks[0] = c[1:]
+		return
+	}
+	q.chunks[0] = nil
+	q.chunks = q.chunks[1:]
 }
 
 // Open returns node's ledger, saved at path ("": kept in memory only) and
@@ -161,14 +201,18 @@ func Open(node, path string, log *slog.Logger) (*Ledger, error) {
 		log.Warn("the cost ledger's file is unreadable: starting a new one", "path", path, "err", err)
 		return l, nil
 	}
+	var ends []ending
 	for _, r := range recs {
 		l.recs[r.SandboxID] = r
 		l.bump(r)
 		if !r.Ended.IsZero() {
-			l.ends = append(l.ends, ending{r, r.Ended})
+			ends = append(ends, ending{r, r.Ended.UnixNano()})
 		}
 	}
-	slices.SortFunc(l.ends, func(a, b ending) int { return a.at.Compare(b.at) })
+	slices.SortFunc(ends, func(a, b ending) int { return cmp.Compare(a.at, b.at) })
+	for _, e := range ends {
+		l.ends.push(e)
+	}
 	return l, nil
 }
 
@@ -356,7 +400,7 @@ func (l *Ledger) End(id string, at time.Time) {
 	defer l.mu.Unlock()
 	if r := l.recs[id]; r != nil && r.Ended.IsZero() {
 		r.Ended, r.Updated = at, at
-		l.ends = append(l.ends, ending{r, at})
+		l.ends.push(ending{r, at.UnixNano()})
 		l.bump(r)
 	}
 }
@@ -464,14 +508,16 @@ func (l *Ledger) Save(now time.Time) error {
 	l.mu.Lock()
 	// Ends come about in time order: the first not past Keep ends the
 	// drops (one out of order waits for those before it).
-	n := 0
-	for ; n < len(l.ends) && now.Sub(l.ends[n].at) > Keep; n++ {
-		if d := l.ends[n]; l.recs[d.r.SandboxID] == d.r && d.r.Ended.Equal(d.at) {
+	for {
+		d, ok := l.ends.front()
+		if !ok || now.UnixNano()-d.at <= int64(Keep) {
+			break
+		}
+		if l.recs[d.r.SandboxID] == d.r && d.r.Ended.UnixNano() == d.at {
 			l.drop(d.r)
 		}
+		l.ends.pop()
 	}
-	clear(l.ends[:n])
-	l.ends = l.ends[n:]
 	var recs []*Record
 	if l.path != "" {
 		recs = make([]*Record, 0, len(l.recs))

@@ -378,3 +378,33 @@ func TestReloadedDrops(t *testing.T) {
 		}
 	}
 }
+
+// TestEndQueue: the queue of ends gives back what it was given in order,
+// across its chunks, however pushes and pops interleave.
+func TestEndQueue(t *testing.T) {
+	var q endQueue
+	next, want := int64(0), int64(0)
+	for round := range 7 {
+		for range endChunk/2 + round*1000 {
+			q.push(ending{at: next})
+			next++
+		}
+		for range endChunk / 3 {
+			d, ok := q.front()
+			if !ok || d.at != want {
+				t.Fatalf("round %d: front %d (%v), want %d", round, d.at, ok, want)
+			}
+			q.pop()
+			want++
+		}
+	}
+	for ; want < next; want++ {
+		if d, ok := q.front(); !ok || d.at != want {
+			t.Fatalf("front %d (%v), want %d", d.at, ok, want)
+		}
+		q.pop()
+	}
+	if _, ok := q.front(); ok || len(q.chunks) != 0 {
+		t.Errorf("emptied queue holds %d chunks", len(q.chunks))
+	}
+}
