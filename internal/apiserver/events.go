@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/pullpack"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -292,7 +294,7 @@ func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (st
 		after = math.MaxUint64
 	}
 	resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage,
-		UsageEpoch: u.epoch, UsageAfter: after}))
+		UsageEpoch: u.epoch, UsageAfter: after, Packed: true}))
 	if err != nil {
 		s.log.Debug("pull events", "node", c.Node, "err", err)
 		return c, nil, false
@@ -310,14 +312,44 @@ func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (st
 		s.events.lost.Add(int64(n))
 		s.log.Warn("events lost: the node no longer keeps them", "node", c.Node, "lost", n)
 	}
-	evs := make([]store.Event, 0, len(m.GetEvents()))
-	for _, e := range m.GetEvents() {
-		evs = append(evs, store.Event{Key: e.GetKey(), At: time.UnixMilli(e.GetAtUnixMs()), Project: e.GetProject(),
-			SandboxID: e.GetSandboxId(), Kind: e.GetKind(), Node: e.GetNode(), Reason: e.GetReason(), Message: e.GetMessage()})
+	evs, err := pulledEvents(m)
+	if err != nil {
+		s.log.Warn("pull events: the node's answer is unreadable", "node", c.Node, "err", err)
+		return c, nil, false
 	}
 	next := c
 	next.Epoch, next.Seq = m.GetEpoch(), m.GetNext()
 	return next, evs, true
+}
+
+// pulledEvents reads the events of a pull's answer: packed, or (from an
+// edge that predates packing) as messages.
+func pulledEvents(m *edgev1.EventsResponse) ([]store.Event, error) {
+	if len(m.GetPackedEvents()) == 0 {
+		evs := make([]store.Event, 0, len(m.GetEvents()))
+		for _, e := range m.GetEvents() {
+			evs = append(evs, store.Event{Key: e.GetKey(), At: time.UnixMilli(e.GetAtUnixMs()), Project: e.GetProject(),
+				SandboxID: e.GetSandboxId(), Kind: e.GetKind(), Node: e.GetNode(), Reason: e.GetReason(), Message: e.GetMessage()})
+		}
+		return evs, nil
+	}
+	var evs []store.Event
+	var key []byte
+	var prefix int
+	err := pullpack.Read(m.GetPackedEvents(), func(node string, seq uint64, e pullpack.Event) {
+		if evs == nil {
+			evs = make([]store.Event, 0, eventPage)
+			key = append(append(append(append(key, node...), '/'), m.GetEpoch()...), '/')
+			prefix = len(key)
+		}
+		key = strconv.AppendUint(key[:prefix], seq, 10)
+		evs = append(evs, store.Event{Key: string(key), At: time.UnixMilli(e.AtUnixMs), Project: e.Project, SandboxID: e.SandboxID,
+			Kind: e.Kind, Node: node, Reason: e.Reason, Message: e.Message})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return evs, nil
 }
 
 // RunEventExpiry forgets the events older than the configured retention,

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/pullpack"
 )
 
 // Event kinds (dsecv1.Event.kind).
@@ -61,17 +62,20 @@ type Log struct {
 	boot string
 	log  *slog.Logger
 
-	mu    sync.Mutex
-	ring  []*dsecv1.Event // ring[(seq-1) % capacity] for seq in [first, last]; made at the first Add
-	first uint64          // sequence number of the oldest kept
-	last  uint64          // sequence number of the newest (0: none)
+	mu sync.Mutex
+	// ring[(seq-1) % capacity] for seq in [first, last], made at the
+	// first Add: values, not messages (a message and a key each event
+	// were a fifth of what a busy node's operations allocated); Read
+	// makes the messages, ReadPacked none.
+	ring  []pullpack.Event
+	first uint64 // sequence number of the oldest kept
+	last  uint64 // sequence number of the newest (0: none)
 	// The current segment (nil: in memory alone), the events in it, and
 	// a record's buffers, reused.
 	f         *os.File
 	inSegment int
 	buf, rec  []byte
-	key       []byte // an event's key, being built
-	closed    bool   // Close was called: Add records nothing more
+	closed    bool // Close was called: Add records nothing more
 }
 
 // New returns an empty log of node's, keeping capacity events (0:
@@ -89,26 +93,33 @@ func (l *Log) Add(kind, id, project, reason, message string) {
 	if l == nil {
 		return
 	}
-	ev := &dsecv1.Event{AtUnixMs: time.Now().UnixMilli(), Project: project, SandboxId: id, Kind: kind,
-		Node: l.node, Reason: reason, Message: message}
+	ev := pullpack.Event{AtUnixMs: time.Now().UnixMilli(), Kind: kind, SandboxID: id, Project: project, Reason: reason, Message: message}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return
 	}
 	if l.ring == nil {
-		l.ring = make([]*dsecv1.Event, l.capacity)
+		l.ring = make([]pullpack.Event, l.capacity)
 	}
 	l.last++
-	// One allocation for the key, where the concatenation made two.
-	l.key = append(append(append(append(l.key[:0], l.node...), '/'), l.epoch...), '/')
-	l.key = strconv.AppendUint(l.key, l.last, 10)
-	ev.Key = string(l.key)
 	l.ring[(l.last-1)%uint64(l.capacity)] = ev
 	if l.last-l.first >= uint64(l.capacity) {
 		l.first = l.last - uint64(l.capacity) + 1
 	}
-	l.write(l.last, ev)
+	l.write(l.last, &ev)
+}
+
+// message is event ev, numbered seq, as a message; the caller holds l.mu.
+func (l *Log) message(seq uint64, ev *pullpack.Event) *dsecv1.Event {
+	return &dsecv1.Event{Key: l.node + "/" + l.epoch + "/" + strconv.FormatUint(seq, 10), AtUnixMs: ev.AtUnixMs, Project: ev.Project,
+		SandboxId: ev.SandboxID, Kind: ev.Kind, Node: l.node, Reason: ev.Reason, Message: ev.Message}
+}
+
+// fromMessage is the value a log keeps of message ev.
+func fromMessage(ev *dsecv1.Event) pullpack.Event {
+	return pullpack.Event{AtUnixMs: ev.GetAtUnixMs(), Kind: ev.GetKind(), SandboxID: ev.GetSandboxId(), Project: ev.GetProject(),
+		Reason: ev.GetReason(), Message: ev.GetMessage()}
 }
 
 // Head returns the log's epoch and the sequence number of its newest
@@ -132,20 +143,54 @@ func (l *Log) Read(epoch string, after uint64, limit int) (evs []*dsecv1.Event, 
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	from, to, lost := l.span(epoch, after, limit)
+	for seq := from; seq <= to; seq++ {
+		evs = append(evs, l.message(seq, &l.ring[(seq-1)%uint64(l.capacity)]))
+	}
+	if to < from {
+		return evs, from - 1, lost
+	}
+	return evs, to, lost
+}
+
+// ReadPacked is Read with the events packed (pullpack), in buf's space
+// (nil: new), where it made a message of each.
+func (l *Log) ReadPacked(epoch string, after uint64, limit int, buf []byte) (page []byte, n int, next, lost uint64) {
+	if l == nil {
+		return nil, 0, after, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	from, to, lost := l.span(epoch, after, limit)
+	if to < from {
+		return nil, 0, from - 1, lost
+	}
+	if buf == nil {
+		// Room for the page as a hollow node's events take: its growth
+		// by doubling was most of what a pull allocated.
+		buf = make([]byte, 0, 64+int(to-from+1)*64)
+	}
+	w := pullpack.NewWriter(buf, l.node, from)
+	for seq := from; seq <= to; seq++ {
+		w.Add(&l.ring[(seq-1)%uint64(l.capacity)])
+	}
+	return w.Bytes(), w.Len(), to, lost
+}
+
+// span is which events a read after after of epoch returns, at most
+// limit: from..to (to < from: none, from-1 the read's next) and how many
+// after after the log no longer keeps; the caller holds l.mu.
+func (l *Log) span(epoch string, after uint64, limit int) (from, to, lost uint64) {
 	if epoch != l.epoch || after > l.last {
 		after = 0
 	}
-	from := after + 1
+	from = after + 1
 	if from < l.first {
 		lost = l.first - from
 		from = l.first
 	}
-	next = after
-	for seq := from; seq <= l.last && len(evs) < limit; seq++ {
-		evs = append(evs, l.ring[(seq-1)%uint64(l.capacity)])
-		next = seq
-	}
-	return evs, next, lost
+	to = min(l.last, from+uint64(max(limit, 0))-1)
+	return from, to, lost
 }
 
 // Epoch is the log's epoch.

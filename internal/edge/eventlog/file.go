@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/pullpack"
 )
 
 // The log's files in its directory. A segment holds a header record (the
@@ -158,9 +159,9 @@ func (l *Log) resume(cur segment, curErr error, prev segment, prevErr error) err
 	}
 	l.last = next - 1
 	l.first = next - uint64(len(evs))
-	l.ring = make([]*dsecv1.Event, l.capacity)
+	l.ring = make([]pullpack.Event, l.capacity)
 	for i, ev := range evs {
-		l.ring[(l.first+uint64(i)-1)%uint64(l.capacity)] = ev
+		l.ring[(l.first+uint64(i)-1)%uint64(l.capacity)] = fromMessage(ev)
 	}
 	if curErr != nil {
 		return l.begin(next)
@@ -214,7 +215,7 @@ func (l *Log) rotate(next uint64) error {
 // the caller holds l.mu. A log that cannot write removes its files and
 // goes on in memory: the next Open starts a new epoch rather than number
 // events again that an apiserver may have pulled.
-func (l *Log) write(seq uint64, ev *dsecv1.Event) {
+func (l *Log) write(seq uint64, ev *pullpack.Event) {
 	if l.f == nil {
 		return
 	}
@@ -226,7 +227,7 @@ func (l *Log) write(seq uint64, ev *dsecv1.Event) {
 		}
 		l.buf = binary.AppendUvarint(l.buf[:0], seq)
 		var err error
-		if l.buf, err = (proto.MarshalOptions{}).MarshalAppend(l.buf, ev); err != nil {
+		if l.buf, err = (proto.MarshalOptions{}).MarshalAppend(l.buf, l.message(seq, ev)); err != nil {
 			return fmt.Errorf("encode event %d: %w", seq, err)
 		}
 		l.rec = frame(l.rec[:0], l.buf)

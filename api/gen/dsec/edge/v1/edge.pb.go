@@ -1574,8 +1574,12 @@ type EventsRequest struct {
 	// The cost ledger rides on the same pull (docs/usage.md): the records
 	// changed after usage_after of the ledger's usage_epoch (another epoch,
 	// or "": every record the node keeps).
-	UsageEpoch    string `protobuf:"bytes,4,opt,name=usage_epoch,json=usageEpoch,proto3" json:"usage_epoch,omitempty"`
-	UsageAfter    uint64 `protobuf:"varint,5,opt,name=usage_after,json=usageAfter,proto3" json:"usage_after,omitempty"`
+	UsageEpoch string `protobuf:"bytes,4,opt,name=usage_epoch,json=usageEpoch,proto3" json:"usage_epoch,omitempty"`
+	UsageAfter uint64 `protobuf:"varint,5,opt,name=usage_after,json=usageAfter,proto3" json:"usage_after,omitempty"`
+	// Answer with the events packed (packed_events: internal/pullpack's
+	// page) rather than as messages; an edge that predates it answers with
+	// messages, which the caller reads as before.
+	Packed        bool `protobuf:"varint,6,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1643,6 +1647,13 @@ func (x *EventsRequest) GetUsageAfter() uint64 {
 		return x.UsageAfter
 	}
 	return 0
+}
+
+func (x *EventsRequest) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
 }
 
 type LiveUsageRequest struct {
@@ -1737,12 +1748,14 @@ type EventsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Epoch string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// In order; each one's key is NODE/EPOCH/SEQ and its id 0.
-	Events        []*v1.Event       `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
-	Next          uint64            `protobuf:"varint,3,opt,name=next,proto3" json:"next,omitempty"` // the sequence number of the last event sent (after, when none)
-	Lost          uint64            `protobuf:"varint,4,opt,name=lost,proto3" json:"lost,omitempty"` // events after after the node no longer keeps
-	UsageEpoch    string            `protobuf:"bytes,5,opt,name=usage_epoch,json=usageEpoch,proto3" json:"usage_epoch,omitempty"`
-	UsageNext     uint64            `protobuf:"varint,6,opt,name=usage_next,json=usageNext,proto3" json:"usage_next,omitempty"` // the ledger's version these records bring the caller to
-	Usage         []*v1.UsageRecord `protobuf:"bytes,7,rep,name=usage,proto3" json:"usage,omitempty"`
+	Events     []*v1.Event       `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	Next       uint64            `protobuf:"varint,3,opt,name=next,proto3" json:"next,omitempty"` // the sequence number of the last event sent (after, when none)
+	Lost       uint64            `protobuf:"varint,4,opt,name=lost,proto3" json:"lost,omitempty"` // events after after the node no longer keeps
+	UsageEpoch string            `protobuf:"bytes,5,opt,name=usage_epoch,json=usageEpoch,proto3" json:"usage_epoch,omitempty"`
+	UsageNext  uint64            `protobuf:"varint,6,opt,name=usage_next,json=usageNext,proto3" json:"usage_next,omitempty"` // the ledger's version these records bring the caller to
+	Usage      []*v1.UsageRecord `protobuf:"bytes,7,rep,name=usage,proto3" json:"usage,omitempty"`
+	// The page's events packed, when the request asked (events is empty).
+	PackedEvents  []byte `protobuf:"bytes,8,opt,name=packed_events,json=packedEvents,proto3" json:"packed_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1822,6 +1835,13 @@ func (x *EventsResponse) GetUsageNext() uint64 {
 func (x *EventsResponse) GetUsage() []*v1.UsageRecord {
 	if x != nil {
 		return x.Usage
+	}
+	return nil
+}
+
+func (x *EventsResponse) GetPackedEvents() []byte {
+	if x != nil {
+		return x.PackedEvents
 	}
 	return nil
 }
@@ -1956,7 +1976,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12)\n" +
 	"\x10trajectory_bytes\x18\x02 \x01(\x03R\x0ftrajectoryBytes\"2\n" +
 	"\x0eAttestResponse\x12 \n" +
-	"\vattestation\x18\x01 \x01(\fR\vattestation\"\x93\x01\n" +
+	"\vattestation\x18\x01 \x01(\fR\vattestation\"\xab\x01\n" +
 	"\rEventsRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\x04R\x05after\x12\x14\n" +
@@ -1964,11 +1984,12 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vusage_epoch\x18\x04 \x01(\tR\n" +
 	"usageEpoch\x12\x1f\n" +
 	"\vusage_after\x18\x05 \x01(\x04R\n" +
-	"usageAfter\".\n" +
+	"usageAfter\x12\x16\n" +
+	"\x06packed\x18\x06 \x01(\bR\x06packed\".\n" +
 	"\x10LiveUsageRequest\x12\x1a\n" +
 	"\bprojects\x18\x01 \x03(\tR\bprojects\"?\n" +
 	"\x11LiveUsageResponse\x12*\n" +
-	"\x05usage\x18\x01 \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage\"\xe2\x01\n" +
+	"\x05usage\x18\x01 \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage\"\x87\x02\n" +
 	"\x0eEventsResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12&\n" +
 	"\x06events\x18\x02 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
@@ -1978,7 +1999,8 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"usageEpoch\x12\x1d\n" +
 	"\n" +
 	"usage_next\x18\x06 \x01(\x04R\tusageNext\x12*\n" +
-	"\x05usage\x18\a \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage2\xde\x1e\n" +
+	"\x05usage\x18\a \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage\x12#\n" +
+	"\rpacked_events\x18\b \x01(\fR\fpackedEvents2\xde\x1e\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +

@@ -1,0 +1,72 @@
+package apiserver
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	"dsec.dev/dsec/internal/edge/eventlog"
+	"dsec.dev/dsec/internal/store"
+)
+
+// TestPulledEventsPackedOrNot: a page of a node's events reads the same
+// packed (what the pulls ask for) and as messages (what an edge that
+// predates packing answers): keys, times, nodes and every field, pages
+// that start past the oldest kept, after a wrap of the log's ring, and
+// across another epoch's cursor.
+func TestPulledEventsPackedOrNot(t *testing.T) {
+	l := eventlog.New("n1", 64)
+	for i := range 150 {
+		kind, why, msg := eventlog.Created, "", ""
+		if i%3 == 2 {
+			kind, why, msg = eventlog.Expired, "ttl", fmt.Sprintf("its TTL of %ds ran out", i%7)
+		}
+		l.Add(kind, fmt.Sprintf("sb-%d", i/3), []string{"", "/ml", "/ml/team"}[i%3], why, msg)
+	}
+	epoch := l.Epoch()
+	for _, c := range []struct {
+		epoch        string
+		after        uint64
+		limit        int
+		wantN, first uint64
+	}{
+		{epoch, 0, 1000, 64, 87},    // from the oldest kept: 86 lost
+		{epoch, 100, 20, 20, 101},   // a page
+		{epoch, 140, 1000, 10, 141}, // to the newest
+		{epoch, 150, 1000, 0, 0},    // nothing new
+		{"other", 120, 10, 10, 87},  // another epoch: from the oldest kept
+	} {
+		msgs, next, lost := l.Read(c.epoch, c.after, c.limit)
+		page, n, pnext, plost := l.ReadPacked(c.epoch, c.after, c.limit, nil)
+		if n != len(msgs) || pnext != next || plost != lost || uint64(n) != c.wantN {
+			t.Fatalf("after %d of %q: packed %d events to %d (%d lost), messages %d to %d (%d lost), want %d", c.after, c.epoch, n, pnext,
+				plost, len(msgs), next, lost, c.wantN)
+		}
+		want, err := pulledEvents(&edgev1.EventsResponse{Epoch: epoch, Events: msgs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pulledEvents(&edgev1.EventsResponse{Epoch: epoch, PackedEvents: page})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.EqualFunc(got, want, func(a, b store.Event) bool { return a == b }) {
+			t.Fatalf("after %d of %q: packed reads\n%+v\nmessages\n%+v", c.after, c.epoch, got, want)
+		}
+		if len(got) > 0 && got[0].Key != fmt.Sprintf("n1/%s/%d", epoch, c.first) {
+			t.Fatalf("after %d of %q: the first event's key %q, want number %d", c.after, c.epoch, got[0].Key, c.first)
+		}
+	}
+	// A page cut anywhere, or with bytes past its end, is refused: never
+	// read short, which would move the cursor past what it lost.
+	page, _, _, _ := l.ReadPacked(epoch, 140, 1000, nil)
+	for cut := range len(page) - 1 {
+		if evs, err := pulledEvents(&edgev1.EventsResponse{Epoch: epoch, PackedEvents: page[:cut+1]}); err == nil {
+			t.Fatalf("a page cut at %d of %d bytes reads as %d events", cut+1, len(page), len(evs))
+		}
+	}
+	if _, err := pulledEvents(&edgev1.EventsResponse{Epoch: epoch, PackedEvents: append(page, 0)}); err == nil {
+		t.Fatal("a page with a byte past its end reads")
+	}
+}
