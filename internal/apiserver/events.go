@@ -305,8 +305,15 @@ func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (st
 	// node's whole ledger all the same (the version asked for is of the
 	// old epoch): it is stored, and the cursor moves to the new epoch, so
 	// the pulls until the next due one carry nothing.
-	if (withUsage || (s.cfg.Ledger != nil && m.GetUsageEpoch() != u.epoch)) && s.storeUsage(ctx, c.Node, m.GetUsage()) {
-		s.usage.setCursor(c.Node, usageCursor{epoch: m.GetUsageEpoch(), seq: m.GetUsageNext()})
+	if withUsage || (s.cfg.Ledger != nil && m.GetUsageEpoch() != u.epoch) {
+		rows, err := pulledUsage(m)
+		if err != nil {
+			s.log.Warn("pull usage: the node's answer is unreadable", "node", c.Node, "err", err)
+			return c, nil, false
+		}
+		if s.storeUsage(ctx, c.Node, rows) {
+			s.usage.setCursor(c.Node, usageCursor{epoch: m.GetUsageEpoch(), seq: m.GetUsageNext()})
+		}
 	}
 	if n := m.GetLost(); n > 0 {
 		s.events.lost.Add(int64(n))

@@ -2,11 +2,16 @@ package apiserver
 
 import (
 	"fmt"
+	"log/slog"
+	"maps"
+	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	"dsec.dev/dsec/internal/edge/eventlog"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -68,5 +73,64 @@ func TestPulledEventsPackedOrNot(t *testing.T) {
 	}
 	if _, err := pulledEvents(&edgev1.EventsResponse{Epoch: epoch, PackedEvents: append(page, 0)}); err == nil {
 		t.Fatal("a page with a byte past its end reads")
+	}
+}
+
+// TestPulledUsagePackedOrNot: the ledger's records a pull brings read as
+// the same store rows packed and as messages: live, ended, sole and
+// not, with labels and without, from the start and after a version.
+func TestPulledUsagePackedOrNot(t *testing.T) {
+	l, err := ledger.Open("n1", "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetCheckpoint(time.Minute)
+	t0 := time.Now().Add(-time.Hour)
+	for i := range 20 {
+		id := fmt.Sprintf("sb-%d", i)
+		var labels map[string]string
+		if i%2 == 1 {
+			labels = map[string]string{"dsec.dev/project": "/ml", "run": fmt.Sprint(i % 3)}
+		}
+		l.Start(id, "/ml", labels, t0, true)
+		l.Observe(id, "/ml", labels, ledger.Sample{At: t0.Add(time.Duration(i%4) * time.Minute), CPUUsec: int64(i) * 1000, MemoryBytes: 1 << 28,
+			DiskBytes: int64(i) << 20, EgressBytes: int64(i)})
+		if i%5 != 0 {
+			l.End(id, t0.Add(5*time.Minute))
+		}
+	}
+	epoch, mid := l.Head()
+	mid /= 2
+	for _, after := range []uint64{0, mid} {
+		msgs, cur, next := l.Changed(epoch, after)
+		page, n, pcur, pnext := l.ChangedPacked(epoch, after, nil)
+		if n != len(msgs) || pcur != cur || pnext != next || n == 0 {
+			t.Fatalf("after %d: packed %d records to %s/%d, messages %d to %s/%d", after, n, pcur, pnext, len(msgs), cur, next)
+		}
+		want, err := pulledUsage(&edgev1.EventsResponse{Usage: msgs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pulledUsage(&edgev1.EventsResponse{PackedUsage: page})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sole := 0
+		if !slices.EqualFunc(got, want, func(a, b store.UsageRow) bool {
+			if a.Sole {
+				sole++
+			}
+			la, lb := a.Labels, b.Labels
+			a.Labels, b.Labels = nil, nil
+			return maps.Equal(la, lb) && reflect.DeepEqual(a, b)
+		}) {
+			t.Fatalf("after %d: packed reads\n%+v\nmessages\n%+v", after, got, want)
+		}
+		if after == 0 && sole == 0 {
+			t.Fatal("no sole end among the rows: the comparison misses the flag")
+		}
+	}
+	if _, err := pulledUsage(&edgev1.EventsResponse{PackedUsage: []byte{9}}); err == nil {
+		t.Fatal("a page of another format reads")
 	}
 }

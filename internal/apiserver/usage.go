@@ -15,6 +15,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/pullpack"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -159,14 +160,32 @@ func usageRows(recs []*dsecv1.UsageRecord) []store.UsageRow {
 	return rows
 }
 
+// pulledUsage reads the ledger records of a pull's answer as store rows:
+// packed, or (from an edge that predates packing) as messages.
+func pulledUsage(m *edgev1.EventsResponse) ([]store.UsageRow, error) {
+	if len(m.GetPackedUsage()) == 0 {
+		return usageRows(m.GetUsage()), nil
+	}
+	var rows []store.UsageRow
+	err := pullpack.ReadRecords(m.GetPackedUsage(), func(node string, r pullpack.Record) {
+		rows = append(rows, store.UsageRow{Key: r.SandboxID, SandboxID: r.SandboxID, Project: r.Project, Labels: r.Labels, Node: node,
+			Started: timeOf(r.StartedUnixMs), Ended: timeOf(r.EndedUnixMs), Updated: timeOf(r.UpdatedUnixMs), Sole: r.Sole && r.EndedUnixMs != 0,
+			Usage: store.Usage{CPUUsec: r.CPUUsec, MemoryGiBSec: r.MemoryGiBSeconds, DiskGiBHours: r.DiskGiBHours, DiskPeakBytes: r.DiskPeakBytes,
+				SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes}})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
 // storeUsage writes the rows a pull brought, with this apiserver's FnCall
 // counters when they changed, in one store call. It reports whether they
 // were stored (false: the caller pulls them again).
-func (s *Server) storeUsage(ctx context.Context, node string, recs []*dsecv1.UsageRecord) bool {
+func (s *Server) storeUsage(ctx context.Context, node string, rows []store.UsageRow) bool {
 	if s.cfg.Ledger == nil {
 		return true
 	}
-	rows := usageRows(recs)
 	calls := s.usage.callRows(s.cfg.Name)
 	rows = append(rows, calls...)
 	if len(rows) == 0 {

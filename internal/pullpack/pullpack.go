@@ -150,20 +150,26 @@ func (r *reader) varint() int64 {
 	return v
 }
 
-// str reads a string; shared says to give one read before by the same
-// string (kinds, projects, reasons and messages repeat across a page).
-func (r *reader) str(shared bool) string {
+// raw reads a string's bytes, nil after a fault.
+func (r *reader) raw() []byte {
 	n := r.uvarint()
 	if r.err != nil {
-		return ""
+		return nil
 	}
 	if n > uint64(len(r.b)) {
 		r.err = fmt.Errorf("%w: a string of %d bytes where %d are left", ErrMalformed, n, len(r.b))
-		return ""
+		return nil
 	}
 	b := r.b[:n]
 	r.b = r.b[n:]
-	if n == 0 {
+	return b
+}
+
+// str reads a string; shared says to give one read before by the same
+// string (kinds, projects, reasons and messages repeat across a page).
+func (r *reader) str(shared bool) string {
+	b := r.raw()
+	if len(b) == 0 {
 		return ""
 	}
 	if !shared {

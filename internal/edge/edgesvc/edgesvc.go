@@ -278,7 +278,11 @@ func (s *Service) Events(ctx context.Context, req *connect.Request[edgev1.Events
 		out.Events, out.Next, out.Lost = s.events.Read(m.GetEpoch(), m.GetAfter(), limit)
 	}
 	// The ledger's changed records ride on the same pull.
-	out.Usage, out.UsageEpoch, out.UsageNext = s.ledger.Changed(m.GetUsageEpoch(), m.GetUsageAfter())
+	if m.GetPacked() {
+		out.PackedUsage, _, out.UsageEpoch, out.UsageNext = s.ledger.ChangedPacked(m.GetUsageEpoch(), m.GetUsageAfter(), nil)
+	} else {
+		out.Usage, out.UsageEpoch, out.UsageNext = s.ledger.Changed(m.GetUsageEpoch(), m.GetUsageAfter())
+	}
 	return connect.NewResponse(out), nil
 }
 

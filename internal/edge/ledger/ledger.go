@@ -44,6 +44,7 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/pullpack"
 )
 
 const (
@@ -437,6 +438,45 @@ func (l *Ledger) Changed(epoch string, after uint64) (recs []*dsecv1.UsageRecord
 		recs = append(recs, l.msg(r))
 	}
 	return recs, l.epoch, l.seq
+}
+
+// ChangedPacked is Changed with the records packed (pullpack), in buf's
+// space (nil: new), where it made a message of each.
+func (l *Ledger) ChangedPacked(epoch string, after uint64, buf []byte) (page []byte, n int, cur string, next uint64) {
+	if l == nil {
+		return nil, 0, "", 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if epoch != l.epoch {
+		after = 0
+	}
+	var w *pullpack.RecordWriter
+	for e := l.bySeq.Back(); e != nil; e = e.Prev() {
+		r := e.Value.(*Record)
+		if r.seq <= after {
+			break
+		}
+		if w == nil {
+			if buf == nil {
+				// Room for the records changed, as a hollow node's take:
+				// growing by doubling was most of what a pull allocated.
+				buf = make([]byte, 0, 64+min(l.seq-after, uint64(len(l.recs)))*96)
+			}
+			w = pullpack.NewRecordWriter(buf, l.node)
+		}
+		p := pullpack.Record{SandboxID: r.SandboxID, Project: r.Project, Labels: r.Labels, StartedUnixMs: r.Started.UnixMilli(),
+			UpdatedUnixMs: r.Updated.UnixMilli(), CPUUsec: r.CPUUsec, MemoryGiBSeconds: r.MemoryGiBSec, DiskGiBHours: r.DiskGiBHours,
+			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes}
+		if !r.Ended.IsZero() {
+			p.EndedUnixMs, p.Sole = r.Ended.UnixMilli(), !r.Reported
+		}
+		w.Add(&p)
+	}
+	if w == nil {
+		return nil, 0, l.epoch, l.seq
+	}
+	return w.Bytes(), w.Len(), l.epoch, l.seq
 }
 
 // Live returns the records of the sandboxes that live, and of those that

@@ -1576,9 +1576,10 @@ type EventsRequest struct {
 	// or "": every record the node keeps).
 	UsageEpoch string `protobuf:"bytes,4,opt,name=usage_epoch,json=usageEpoch,proto3" json:"usage_epoch,omitempty"`
 	UsageAfter uint64 `protobuf:"varint,5,opt,name=usage_after,json=usageAfter,proto3" json:"usage_after,omitempty"`
-	// Answer with the events packed (packed_events: internal/pullpack's
-	// page) rather than as messages; an edge that predates it answers with
-	// messages, which the caller reads as before.
+	// Answer with the events and the ledger's records packed
+	// (packed_events, packed_usage: internal/pullpack's pages) rather than
+	// as messages; an edge that predates it answers with messages, which
+	// the caller reads as before.
 	Packed        bool `protobuf:"varint,6,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1755,7 +1756,10 @@ type EventsResponse struct {
 	UsageNext  uint64            `protobuf:"varint,6,opt,name=usage_next,json=usageNext,proto3" json:"usage_next,omitempty"` // the ledger's version these records bring the caller to
 	Usage      []*v1.UsageRecord `protobuf:"bytes,7,rep,name=usage,proto3" json:"usage,omitempty"`
 	// The page's events packed, when the request asked (events is empty).
-	PackedEvents  []byte `protobuf:"bytes,8,opt,name=packed_events,json=packedEvents,proto3" json:"packed_events,omitempty"`
+	PackedEvents []byte `protobuf:"bytes,8,opt,name=packed_events,json=packedEvents,proto3" json:"packed_events,omitempty"`
+	// The ledger's records packed (internal/pullpack), when the request
+	// asked (usage is empty).
+	PackedUsage   []byte `protobuf:"bytes,9,opt,name=packed_usage,json=packedUsage,proto3" json:"packed_usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1842,6 +1846,13 @@ func (x *EventsResponse) GetUsage() []*v1.UsageRecord {
 func (x *EventsResponse) GetPackedEvents() []byte {
 	if x != nil {
 		return x.PackedEvents
+	}
+	return nil
+}
+
+func (x *EventsResponse) GetPackedUsage() []byte {
+	if x != nil {
+		return x.PackedUsage
 	}
 	return nil
 }
@@ -1989,7 +2000,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x10LiveUsageRequest\x12\x1a\n" +
 	"\bprojects\x18\x01 \x03(\tR\bprojects\"?\n" +
 	"\x11LiveUsageResponse\x12*\n" +
-	"\x05usage\x18\x01 \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage\"\x87\x02\n" +
+	"\x05usage\x18\x01 \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage\"\xaa\x02\n" +
 	"\x0eEventsResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12&\n" +
 	"\x06events\x18\x02 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
@@ -2000,7 +2011,8 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
 	"usage_next\x18\x06 \x01(\x04R\tusageNext\x12*\n" +
 	"\x05usage\x18\a \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage\x12#\n" +
-	"\rpacked_events\x18\b \x01(\fR\fpackedEvents2\xde\x1e\n" +
+	"\rpacked_events\x18\b \x01(\fR\fpackedEvents\x12!\n" +
+	"\fpacked_usage\x18\t \x01(\fR\vpackedUsage2\xde\x1e\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
