@@ -13,6 +13,7 @@ import (
 	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/store"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestPulledEventsPackedOrNot: a page of a node's events reads the same
@@ -132,5 +133,64 @@ func TestPulledUsagePackedOrNot(t *testing.T) {
 	}
 	if _, err := pulledUsage(&edgev1.EventsResponse{PackedUsage: []byte{9}}); err == nil {
 		t.Fatal("a page of another format reads")
+	}
+}
+
+// BenchmarkPulled is what reading a pull's answer costs an apiserver a
+// sandbox, from the bytes on the wire to the store's rows: a page of 500
+// sandboxes' lives (1,000 events, 500 ended records), packed (what the
+// pulls ask for) and as messages (what they asked for before).
+//
+//	go test -run '^$' -bench Pulled ./internal/apiserver
+func BenchmarkPulled(b *testing.B) {
+	const sandboxes = 500
+	evs := eventlog.New("n1", 0)
+	l, err := ledger.Open("n1", "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	t0 := time.Now()
+	labels := map[string]string{"dsec.dev/project": "/ml/team", "run": "grpo-7"}
+	for i := range sandboxes {
+		id := fmt.Sprintf("n1-0001-%08d", i)
+		evs.Add(eventlog.Created, id, "/ml/team", "", "")
+		l.Start(id, "/ml/team", labels, t0, true)
+		l.Observe(id, "/ml/team", labels, ledger.Sample{At: t0.Add(5 * time.Second), CPUUsec: 40_000, MemoryBytes: 64 << 20, DiskBytes: 1 << 20})
+		l.End(id, t0.Add(5*time.Second))
+		evs.Add(eventlog.Expired, id, "/ml/team", "ttl", "its TTL of 5s ran out")
+	}
+	epoch := evs.Epoch()
+	for _, packed := range []bool{false, true} {
+		m := &edgev1.EventsResponse{Epoch: epoch}
+		if packed {
+			m.PackedEvents, _, m.Next, _ = evs.ReadPacked("", 0, 2*sandboxes, nil)
+			m.PackedUsage, _, m.UsageEpoch, m.UsageNext = l.ChangedPacked("", 0, nil)
+		} else {
+			m.Events, m.Next, _ = evs.Read("", 0, 2*sandboxes)
+			m.Usage, m.UsageEpoch, m.UsageNext = l.Changed("", 0)
+		}
+		wire, err := proto.Marshal(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("packed=%v", packed), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				var got edgev1.EventsResponse
+				if err := proto.Unmarshal(wire, &got); err != nil {
+					b.Fatal(err)
+				}
+				events, err := pulledEvents(&got)
+				if err != nil || len(events) != 2*sandboxes {
+					b.Fatalf("%d events, %v", len(events), err)
+				}
+				rows, err := pulledUsage(&got)
+				if err != nil || len(rows) != sandboxes {
+					b.Fatalf("%d rows, %v", len(rows), err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*sandboxes), "ns/sandbox")
+			b.ReportMetric(float64(len(wire))/sandboxes, "wire-B/sandbox")
+		})
 	}
 }
