@@ -395,3 +395,24 @@ func TestPostgresEventsDurableWhenRead(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresEventPacksLZ4: a migrated database compresses its event
+// packs with LZ4 (Debian's PostgreSQL has it), where PostgreSQL's own
+// pglz cost a third of storing a pack.
+func TestPostgresEventPacksLZ4(t *testing.T) {
+	pg := testutil.StartPostgresServer(t)
+	dsn := pg.NewDatabase(t)
+	openStore(t, dsn)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var c string
+	if err := db.QueryRow(`SELECT attcompression::text FROM pg_attribute WHERE attrelid = 'event_packs'::regclass AND attname = 'events'`).Scan(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c != "l" {
+		t.Fatalf("event_packs.events compression %q, want l (LZ4)", c)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -30,6 +31,7 @@ type Postgres struct {
 	log       string
 	dbs       atomic.Int64
 	t         testing.TB // the test that started it
+	settings  []string   // NAME=VALUE server settings beyond the defaults
 }
 
 // StartPostgres starts a throwaway PostgreSQL cluster with an empty
@@ -42,8 +44,10 @@ func StartPostgres(t testing.TB) string {
 }
 
 // StartPostgresServer is StartPostgres returning the cluster's handle, for
-// tests that restart the server or need more databases.
-func StartPostgresServer(t testing.TB) *Postgres {
+// tests that restart the server or need more databases. Settings are
+// server settings (NAME=VALUE, as postgres -c takes them) beyond the
+// defaults.
+func StartPostgresServer(t testing.TB, settings ...string) *Postgres {
 	t.Helper()
 	RequireRoot(t)
 	bin := postgresBinDir()
@@ -66,11 +70,13 @@ func StartPostgresServer(t testing.TB) *Postgres {
 		data:      filepath.Join(dir, "data"),
 		log:       filepath.Join(dir, "postgres.log"),
 		t:         t,
+		settings:  settings,
 	}
 	t.Cleanup(func() {
 		// A server is running (or was left half started) while its
 		// data directory holds postmaster.pid.
 		if fileExists(filepath.Join(p.data, "postmaster.pid")) {
+			p.Thaw() // a benchmark that failed frozen
 			p.stop()
 		}
 		if t.Failed() {
@@ -124,7 +130,11 @@ func (p *Postgres) dsn(db string) string {
 }
 
 func (p *Postgres) serverOptions() string {
-	return fmt.Sprintf("-k %s -c listen_addresses=''", p.SocketDir)
+	o := fmt.Sprintf("-k %s -c listen_addresses=''", p.SocketDir)
+	for _, s := range p.settings {
+		o += " -c " + s
+	}
+	return o
 }
 
 // run runs one of the cluster's programs as the postgres user.
@@ -204,6 +214,44 @@ func (p *Postgres) CPU() time.Duration {
 		return 0
 	}
 	d := ProcCPU(pid, true)
+	for _, child := range children(pid) {
+		d += ProcCPU(child, false)
+	}
+	return d
+}
+
+// Freeze stops the whole server (SIGSTOP), its postmaster and every
+// process it started, and Thaw lets it run again (SIGCONT): a
+// benchmark's way to keep a server's background work (checkpoints,
+// autovacuum, the WAL writer) within the turns its clients are measured
+// in. A server still frozen when its test ends is thawed to be stopped.
+func (p *Postgres) Freeze() { p.signalAll(syscall.SIGSTOP) }
+
+// Thaw lets a server Freeze stopped run again.
+func (p *Postgres) Thaw() { p.signalAll(syscall.SIGCONT) }
+
+// signalAll sends sig to the postmaster and its children: the postmaster
+// first when stopping (it starts no child while stopped), last when
+// continuing.
+func (p *Postgres) signalAll(sig syscall.Signal) {
+	pid := p.ServerPID()
+	if pid <= 0 {
+		return
+	}
+	if sig == syscall.SIGSTOP {
+		syscall.Kill(pid, sig)
+	}
+	for _, child := range children(pid) {
+		syscall.Kill(child, sig)
+	}
+	if sig != syscall.SIGSTOP {
+		syscall.Kill(pid, sig)
+	}
+}
+
+// children lists the processes whose parent is pid.
+func children(pid int) []int {
+	var out []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		child, err := strconv.Atoi(e.Name())
@@ -211,10 +259,10 @@ func (p *Postgres) CPU() time.Duration {
 			continue
 		}
 		if ppid, _ := procStat(child); ppid == pid {
-			d += ProcCPU(child, false)
+			out = append(out, child)
 		}
 	}
-	return d
+	return out
 }
 
 // procStat returns the fields of /proc/PID/stat after the command, from
