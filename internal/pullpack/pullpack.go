@@ -86,21 +86,16 @@ var ErrMalformed = errors.New("malformed packed events")
 // by the events that repeat them, a sandbox's ID is its own: fn may keep
 // them.
 func Read(data []byte, fn func(node string, seq uint64, e Event)) error {
-	r := reader{b: data, seen: map[string]string{}}
-	if len(r.b) == 0 || r.b[0] != format {
-		return fmt.Errorf("%w: format %v", ErrMalformed, r.b[:min(len(r.b), 1)])
+	r, err := newReader(data)
+	if err != nil {
+		return err
 	}
-	r.b = r.b[1:]
 	node := r.str(false)
 	seq := r.uvarint()
-	if r.err == nil && len(r.b) < 4 {
-		r.err = fmt.Errorf("%w: no count", ErrMalformed)
-	}
+	count := r.count()
 	if r.err != nil {
 		return r.err
 	}
-	count := binary.BigEndian.Uint32(r.b)
-	r.b = r.b[4:]
 	var at int64
 	for range count {
 		at += r.varint()
@@ -122,6 +117,28 @@ type reader struct {
 	b    []byte
 	err  error
 	seen map[string]string // the repeated strings read so far
+}
+
+// newReader starts reading page data after its format byte.
+func newReader(data []byte) (*reader, error) {
+	if len(data) == 0 || data[0] != format {
+		return nil, fmt.Errorf("%w: format %v", ErrMalformed, data[:min(len(data), 1)])
+	}
+	return &reader{b: data[1:], seen: map[string]string{}}, nil
+}
+
+// count reads a page's count of events or records.
+func (r *reader) count() uint32 {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.b) < 4 {
+		r.err = fmt.Errorf("%w: no count", ErrMalformed)
+		return 0
+	}
+	n := binary.BigEndian.Uint32(r.b)
+	r.b = r.b[4:]
+	return n
 }
 
 func (r *reader) uvarint() uint64 {

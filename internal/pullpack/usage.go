@@ -105,20 +105,15 @@ func (rw *RecordWriter) Bytes() []byte { return rw.w.Bytes() }
 // with the same labels share one map, and projects repeated share their
 // string: fn may keep them, and must not change the maps.
 func ReadRecords(data []byte, fn func(node string, r Record)) error {
-	r := reader{b: data, seen: map[string]string{}}
-	if len(r.b) == 0 || r.b[0] != format {
-		return fmt.Errorf("%w: format %v", ErrMalformed, r.b[:min(len(r.b), 1)])
+	r, err := newReader(data)
+	if err != nil {
+		return err
 	}
-	r.b = r.b[1:]
 	node := r.str(false)
-	if r.err == nil && len(r.b) < 4 {
-		r.err = fmt.Errorf("%w: no count", ErrMalformed)
-	}
+	count := r.count()
 	if r.err != nil {
 		return r.err
 	}
-	count := binary.BigEndian.Uint32(r.b)
-	r.b = r.b[4:]
 	labelSets := map[string]map[string]string{} // by their packed bytes
 	for range count {
 		rec := Record{SandboxID: r.str(false), Project: r.str(true)}
