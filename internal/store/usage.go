@@ -225,11 +225,7 @@ func (d *sqlDB) insertUsage(ctx context.Context, tx *sql.Tx, table string, rows 
 				sb.WriteString(", ")
 			}
 			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-			labels, err := json.Marshal(r.Labels)
-			if err != nil {
-				return err
-			}
-			args = append(args, r.Key, r.SandboxID, r.Project, string(labels), r.Node, d.ts(nowOr(r.Started)), d.ts(r.Ended), d.ts(nowOr(r.Updated)),
+			args = append(args, r.Key, r.SandboxID, r.Project, string(appendLabelsJSON(nil, r.Labels)), r.Node, d.ts(nowOr(r.Started)), d.ts(r.Ended), d.ts(nowOr(r.Updated)),
 				r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes, r.SnapshotBytes, r.EgressBytes, r.FnCallCalls)
 		}
 		sb.WriteString(tail)

@@ -271,16 +271,13 @@ func (s *Service) Events(ctx context.Context, req *connect.Request[edgev1.Events
 	if limit <= 0 || limit > eventPage {
 		limit = eventPage
 	}
+	// The ledger's changed records ride on the same pull.
 	out := &edgev1.EventsResponse{Epoch: s.events.Epoch()}
 	if m.GetPacked() {
 		out.PackedEvents, _, out.Next, out.Lost = s.events.ReadPacked(m.GetEpoch(), m.GetAfter(), limit, nil)
-	} else {
-		out.Events, out.Next, out.Lost = s.events.Read(m.GetEpoch(), m.GetAfter(), limit)
-	}
-	// The ledger's changed records ride on the same pull.
-	if m.GetPacked() {
 		out.PackedUsage, _, out.UsageEpoch, out.UsageNext = s.ledger.ChangedPacked(m.GetUsageEpoch(), m.GetUsageAfter(), nil)
 	} else {
+		out.Events, out.Next, out.Lost = s.events.Read(m.GetEpoch(), m.GetAfter(), limit)
 		out.Usage, out.UsageEpoch, out.UsageNext = s.ledger.Changed(m.GetUsageEpoch(), m.GetUsageAfter())
 	}
 	return connect.NewResponse(out), nil

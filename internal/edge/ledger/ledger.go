@@ -425,20 +425,29 @@ func (l *Ledger) Changed(epoch string, after uint64) (recs []*dsecv1.UsageRecord
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.changed(epoch, after, func(r *Record) { recs = append(recs, l.msg(r)) })
+	return recs, l.epoch, l.seq
+}
+
+// changed calls fn with each record changed after version after of epoch
+// (of another epoch: every record kept), newest first, back to the
+// caller's version: a pull reads what changed, not the whole ledger. The
+// caller holds l.mu.
+func (l *Ledger) changed(epoch string, after uint64, fn func(r *Record)) {
 	if epoch != l.epoch {
 		after = 0
 	}
-	// Newest first, back to the caller's version: a pull reads what
-	// changed, not the whole ledger.
 	for e := l.bySeq.Back(); e != nil; e = e.Prev() {
 		r := e.Value.(*Record)
 		if r.seq <= after {
-			break
+			return
 		}
-		recs = append(recs, l.msg(r))
+		fn(r)
 	}
-	return recs, l.epoch, l.seq
 }
+
+// sole says r's end is the only report of it ever offered (Reported).
+func (r *Record) sole() bool { return !r.Ended.IsZero() && !r.Reported }
 
 // ChangedPacked is Changed with the records packed (pullpack), in buf's
 // space (nil: new), where it made a message of each.
@@ -448,15 +457,8 @@ func (l *Ledger) ChangedPacked(epoch string, after uint64, buf []byte) (page []b
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if epoch != l.epoch {
-		after = 0
-	}
 	var w *pullpack.RecordWriter
-	for e := l.bySeq.Back(); e != nil; e = e.Prev() {
-		r := e.Value.(*Record)
-		if r.seq <= after {
-			break
-		}
+	l.changed(epoch, after, func(r *Record) {
 		if w == nil {
 			if buf == nil {
 				// Room for the records changed, as a hollow node's take:
@@ -467,12 +469,12 @@ func (l *Ledger) ChangedPacked(epoch string, after uint64, buf []byte) (page []b
 		}
 		p := pullpack.Record{SandboxID: r.SandboxID, Project: r.Project, Labels: r.Labels, StartedUnixMs: r.Started.UnixMilli(),
 			UpdatedUnixMs: r.Updated.UnixMilli(), CPUUsec: r.CPUUsec, MemoryGiBSeconds: r.MemoryGiBSec, DiskGiBHours: r.DiskGiBHours,
-			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes}
+			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes, Sole: r.sole()}
 		if !r.Ended.IsZero() {
-			p.EndedUnixMs, p.Sole = r.Ended.UnixMilli(), !r.Reported
+			p.EndedUnixMs = r.Ended.UnixMilli()
 		}
 		w.Add(&p)
-	}
+	})
 	if w == nil {
 		return nil, 0, l.epoch, l.seq
 	}
@@ -519,8 +521,8 @@ func (l *Ledger) msg(r *Record) *dsecv1.UsageRecord {
 			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes, Sandboxes: 1}}
 	if !r.Ended.IsZero() {
 		m.EndedUnixMs = r.Ended.UnixMilli()
-		m.Sole = !r.Reported
 	}
+	m.Sole = r.sole()
 	return m
 }
 
