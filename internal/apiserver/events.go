@@ -223,30 +223,38 @@ func (s *Server) claimEventPulls(ctx context.Context, owner string, held map[str
 	s.events.held.Store(int64(len(held)))
 }
 
-// pullEvents reads what each node held logged past its cursor and stores
-// it all, with the nodes' new cursors, in one write (a round per page
-// while some node has more). It returns false when owner lost a node's
-// lease (nothing of that write stored): the leases are to be claimed
-// again.
+// pullEvents reads what each node held logged past its cursors, events
+// and ledger records, and stores it all, with the nodes' new cursors, in
+// one write (a round per page while some node has more). It returns false
+// when owner lost a node's lease (nothing of that write stored): the
+// leases are to be claimed again.
 func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]store.EventPull) bool {
 	for len(held) > 0 {
 		var to []store.EventPull
 		var evs []store.Event
+		var ledgers []string // the nodes whose ledgers this round pulls
 		more := false
 		for _, n := range s.fleet.Nodes() {
 			c, ok := held[n.Name]
 			if !ok || !n.Healthy || n.Edge == nil {
 				continue
 			}
-			st, u := n.Status, s.usage.cursor(n.Name)
+			st := n.Status
+			due := s.cfg.Ledger != nil && s.usage.due(n.Name, c.UsageEpoch, s.cfg.UsagePullEvery)
 			eventsNew := !s.cfg.EventsOff && (c.Epoch == "" || st == nil || st.GetEventEpoch() != c.Epoch || st.GetEventSeq() > c.Seq)
-			usageNew := s.cfg.Ledger != nil && (st == nil || st.GetUsageEpoch() != u.epoch || st.GetUsageSeq() > u.seq) &&
-				s.usage.due(n.Name, s.cfg.UsagePullEvery)
+			usageNew := due && (st == nil || st.GetUsageEpoch() != c.UsageEpoch || st.GetUsageSeq() > c.UsageSeq)
 			if !eventsNew && !usageNew {
 				continue
 			}
-			next, got, ok := s.readNode(ctx, n.Edge, c)
-			if !ok || s.cfg.EventsOff || (len(got) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq) {
+			next, got, ok := s.readNode(ctx, n.Edge, c, due)
+			if !ok {
+				continue
+			}
+			if due || next.UsageEpoch != c.UsageEpoch {
+				ledgers = append(ledgers, n.Name)
+			}
+			if len(got) == 0 && len(next.Usage) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq &&
+				next.UsageEpoch == c.UsageEpoch && next.UsageSeq == c.UsageSeq {
 				continue
 			}
 			to = append(to, next)
@@ -254,6 +262,7 @@ func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]s
 			more = more || len(got) == eventPage
 		}
 		if len(to) == 0 {
+			s.usage.markPulled(ledgers)
 			return true
 		}
 		added, err := s.cfg.Events.PullEvents(ctx, owner, to, evs...)
@@ -265,7 +274,9 @@ func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]s
 			s.log.Warn("store events", "nodes", len(to), "events", len(evs), "err", err)
 			return true
 		}
+		s.usage.markPulled(ledgers)
 		for _, c := range to {
+			c.Usage = nil
 			held[c.Node] = c
 		}
 		if added > 0 {
@@ -279,41 +290,43 @@ func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]s
 	return true
 }
 
-// readNode reads a page of the node's events after c and returns the
-// cursor after them; false on an error (the next pull asks again).
-func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (store.EventPull, []store.Event, bool) {
+// readNode reads a page of the node's events after c, and its ledger's
+// records after c's when withUsage, and returns the cursors after them
+// with the records (the events with events off: none, the cursor
+// unmoved); false on an error (the next pull asks again).
+func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull, withUsage bool) (store.EventPull, []store.Event, bool) {
 	cctx, cancel := context.WithTimeout(ctx, eventPullTimeout)
 	defer cancel()
 	s.events.pulls.Add(1)
-	u := s.usage.cursor(c.Node)
-	withUsage := s.cfg.Ledger != nil && s.usage.due(c.Node, s.cfg.UsagePullEvery)
-	after := u.seq
+	after := c.UsageSeq
 	if !withUsage {
 		// Its ledger is not due (Config.UsagePullEvery): the records
 		// after the largest version of its epoch are none.
 		after = math.MaxUint64
 	}
 	resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage,
-		UsageEpoch: u.epoch, UsageAfter: after, Packed: true}))
+		UsageEpoch: c.UsageEpoch, UsageAfter: after, Packed: true}))
 	if err != nil {
 		s.log.Debug("pull events", "node", c.Node, "err", err)
 		return c, nil, false
 	}
 	m := resp.Msg
+	next := c
 	// The ledger's records ride on the pull (usage.go). A pull not due
 	// whose node answers in another epoch (it restarted) carries the
 	// node's whole ledger all the same (the version asked for is of the
 	// old epoch): it is stored, and the cursor moves to the new epoch, so
 	// the pulls until the next due one carry nothing.
-	if withUsage || (s.cfg.Ledger != nil && m.GetUsageEpoch() != u.epoch) {
+	if withUsage || (s.cfg.Ledger != nil && m.GetUsageEpoch() != c.UsageEpoch) {
 		rows, err := pulledUsage(m)
 		if err != nil {
 			s.log.Warn("pull usage: the node's answer is unreadable", "node", c.Node, "err", err)
 			return c, nil, false
 		}
-		if s.storeUsage(ctx, c.Node, rows) {
-			s.usage.setCursor(c.Node, usageCursor{epoch: m.GetUsageEpoch(), seq: m.GetUsageNext()})
-		}
+		next.UsageEpoch, next.UsageSeq, next.Usage = m.GetUsageEpoch(), m.GetUsageNext(), rows
+	}
+	if s.cfg.EventsOff {
+		return next, nil, true
 	}
 	if n := m.GetLost(); n > 0 {
 		s.events.lost.Add(int64(n))
@@ -324,7 +337,6 @@ func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (st
 		s.log.Warn("pull events: the node's answer is unreadable", "node", c.Node, "err", err)
 		return c, nil, false
 	}
-	next := c
 	next.Epoch, next.Seq = m.GetEpoch(), m.GetNext()
 	return next, evs, true
 }

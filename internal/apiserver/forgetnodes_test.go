@@ -32,7 +32,8 @@ func TestForgetGoneNodes(t *testing.T) {
 	if _, err := st.ClaimEventPulls(ctx, "old", []string{"n1", "gone"}, now, now.Add(eventLease)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.PullEvents(ctx, "old", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 4}, {Node: "gone", Epoch: "e2", Seq: 9}}); err != nil {
+	if _, err := st.PullEvents(ctx, "old", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 4, UsageEpoch: "u1", UsageSeq: 3},
+		{Node: "gone", Epoch: "e2", Seq: 9, UsageEpoch: "u2", UsageSeq: 5}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.ReleaseEventPulls(ctx, "old"); err != nil {
@@ -45,8 +46,7 @@ func TestForgetGoneNodes(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	s.usage.setCursor("n1", usageCursor{epoch: "u1", seq: 3})
-	s.usage.setCursor("gone", usageCursor{epoch: "u2", seq: 5})
+	s.usage.markPulled([]string{"n1", "gone"})
 
 	cursors := func(at time.Time) map[string]store.EventPull {
 		t.Helper()
@@ -72,17 +72,11 @@ func TestForgetGoneNodes(t *testing.T) {
 	// The check's claim held it: gone for the grace after that.
 	s.forgetGoneNodes(ctx, time.Now().Add(eventForgetAfter+eventLease+time.Second))
 	got := cursors(time.Now())
-	if c := got["gone"]; c.Epoch != "" || c.Seq != 0 {
+	if c := got["gone"]; c.Epoch != "" || c.Seq != 0 || c.UsageEpoch != "" || c.UsageSeq != 0 {
 		t.Errorf("gone's pull after the grace: %+v, want it forgotten (pulled from its start)", c)
 	}
-	if c := got["n1"]; c.Epoch != "e1" || c.Seq != 4 {
-		t.Errorf("n1's pull: %+v, want it kept at e1/4 (n1 is in the fleet)", c)
-	}
-	if c := s.usage.cursor("n1"); c.epoch != "u1" || c.seq != 3 {
-		t.Errorf("n1's ledger cursor: %+v, want u1/3", c)
-	}
-	if c := s.usage.cursor("gone"); c != (usageCursor{}) {
-		t.Errorf("gone's ledger cursor: %+v, want it forgotten", c)
+	if c := got["n1"]; c.Epoch != "e1" || c.Seq != 4 || c.UsageEpoch != "u1" || c.UsageSeq != 3 {
+		t.Errorf("n1's pull: %+v, want it kept at e1/4, its ledger at u1/3 (n1 is in the fleet)", c)
 	}
 	ds, err := st.Doubts(ctx)
 	if err != nil {

@@ -21,14 +21,16 @@ import (
 
 // The cost ledger (docs/usage.md). Each edge keeps what its sandboxes use
 // (package ledger) and answers the apiservers' event pulls (events.go)
-// with the records changed since the version the apiserver has: a
-// sandbox's end, its snapshots and a checkpoint of each live sandbox
-// every few minutes, not every sample. readNode puts them in the metadata
-// store in one batched write per pull; the store keeps each figure's
-// largest report, so two apiservers, or one restarted pulling every
-// record again, count nothing twice. FnCall calls, which run in no
-// sandbox of the caller's, are counted by the apiserver that ran them,
-// per project, and written with the next pull. Usage reads the nodes'
+// with the records changed since the version the store has: a sandbox's
+// end, its snapshots and a checkpoint of each live sandbox every few
+// minutes, not every sample. pullEvents stores them with the node's
+// events and cursors in one transaction (store.EventPulls), so the
+// apiserver that holds the node next resumes after them; a record stored
+// twice all the same (a node's ledger pulled whole again: its cursor
+// forgotten) counts once, the store keeping each figure's largest
+// report. FnCall calls, which run in no sandbox of the caller's, are
+// counted by the apiserver that ran them, per project, and written every
+// callFlushEvery. Usage reads the nodes'
 // live records at query time (EdgeService.LiveUsage) and adds the rows up
 // by project, sandbox, node or a label over a window, each live record in
 // place of its stored checkpoint: store writes scale with the sandboxes
@@ -49,30 +51,22 @@ type LedgerStore interface {
 	ExpireUsage(ctx context.Context, olderThan time.Time) (int, error)
 }
 
-// usageState is the apiserver's side of the ledger: how far it pulled
+// usageState is the apiserver's side of the ledger: when it last pulled
 // each node's ledger, and the FnCall calls it ran, by project.
 type usageState struct {
 	epoch string // names this apiserver's FnCall counters: new each start
 
 	mu      sync.Mutex
-	cursors map[string]usageCursor // node → ledger epoch and version pulled to
-	pulled  map[string]time.Time   // node → when its ledger was last stored
-	calls   map[string]int64       // project → FnCall calls run since start
-	dirty   bool                   // calls changed since last written
+	pulled  map[string]time.Time // node → when its ledger was last stored
+	calls   map[string]int64     // project → FnCall calls run since start
+	dirty   bool                 // calls changed since last written
 	started time.Time
-}
-
-// usageCursor is how far a node's ledger has been pulled.
-type usageCursor struct {
-	epoch string
-	seq   uint64
 }
 
 func (u *usageState) init() {
 	var b [6]byte
 	rand.Read(b[:])
 	u.epoch = hex.EncodeToString(b[:])
-	u.cursors = map[string]usageCursor{}
 	u.pulled = map[string]time.Time{}
 	u.calls = map[string]int64{}
 	u.started = time.Now()
@@ -86,22 +80,18 @@ func (u *usageState) countCall(project string) {
 	u.mu.Unlock()
 }
 
-func (u *usageState) cursor(node string) usageCursor {
+// markPulled notes that the nodes' ledgers were pulled and stored now.
+func (u *usageState) markPulled(nodes []string) {
+	now := time.Now()
 	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.cursors[node]
-}
-
-func (u *usageState) setCursor(node string, c usageCursor) {
-	u.mu.Lock()
-	u.cursors[node] = c
-	u.pulled[node] = time.Now()
+	for _, n := range nodes {
+		u.pulled[n] = now
+	}
 	u.mu.Unlock()
 }
 
-// forget drops the cursors of the nodes not in keep (gone from the
-// fleet): a node that comes back has its ledger pulled whole, which
-// changes nothing stored (a report only ever raises a row's figures).
+// forget drops when it pulled the nodes not in keep (gone from the
+// fleet).
 func (u *usageState) forget(keep []string) {
 	in := make(map[string]bool, len(keep))
 	for _, n := range keep {
@@ -109,11 +99,6 @@ func (u *usageState) forget(keep []string) {
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	for n := range u.cursors {
-		if !in[n] {
-			delete(u.cursors, n)
-		}
-	}
 	for n := range u.pulled {
 		if !in[n] {
 			delete(u.pulled, n)
@@ -121,13 +106,14 @@ func (u *usageState) forget(keep []string) {
 	}
 }
 
-// due says whether node's ledger may be pulled now: never pulled, or
-// last pulled at least every ago.
-func (u *usageState) due(node string, every time.Duration) bool {
+// due says whether node's ledger, stored up to epoch ("": never), may be
+// pulled now: never stored, never pulled by this apiserver, or last
+// pulled at least every ago.
+func (u *usageState) due(node, epoch string, every time.Duration) bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	c, ok := u.cursors[node]
-	return !ok || c.epoch == "" || every <= 0 || time.Since(u.pulled[node]) >= every
+	at, ok := u.pulled[node]
+	return !ok || epoch == "" || every <= 0 || time.Since(at) >= every
 }
 
 // callRows are the FnCall counters to write, if any changed.
@@ -179,35 +165,20 @@ func pulledUsage(m *edgev1.EventsResponse) ([]store.UsageRow, error) {
 	return rows, nil
 }
 
-// storeUsage writes the rows a pull brought, with this apiserver's FnCall
-// counters when they changed, in one store call. It reports whether they
-// were stored (false: the caller pulls them again).
-func (s *Server) storeUsage(ctx context.Context, node string, rows []store.UsageRow) bool {
+// flushCalls writes this apiserver's FnCall counters when they changed.
+func (s *Server) flushCalls(ctx context.Context) {
 	if s.cfg.Ledger == nil {
-		return true
+		return
 	}
 	calls := s.usage.callRows(s.cfg.Name)
-	rows = append(rows, calls...)
-	if len(rows) == 0 {
-		return true
+	if len(calls) == 0 {
+		return
 	}
-	if err := s.cfg.Ledger.PutUsage(ctx, rows...); err != nil {
-		s.log.Warn("store usage", "node", node, "rows", len(rows), "err", err)
-		if len(calls) > 0 {
-			s.usage.mu.Lock()
-			s.usage.dirty = true
-			s.usage.mu.Unlock()
-		}
-		return false
-	}
-	return true
-}
-
-// flushCalls writes the FnCall counters when no node pull did (a cluster
-// whose nodes have nothing new).
-func (s *Server) flushCalls(ctx context.Context) {
-	if s.cfg.Ledger != nil {
-		s.storeUsage(ctx, "", nil)
+	if err := s.cfg.Ledger.PutUsage(ctx, calls...); err != nil {
+		s.log.Warn("store the FnCall counters", "projects", len(calls), "err", err)
+		s.usage.mu.Lock()
+		s.usage.dirty = true
+		s.usage.mu.Unlock()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"dsec.dev/dsec/internal/errdefs"
@@ -27,13 +28,14 @@ type EventPulls interface {
 	// nodes owner holds with their cursors. Owners call it between their
 	// pulls, never during one.
 	ClaimEventPulls(ctx context.Context, owner string, nodes []string, now, until time.Time) ([]EventPull, error)
-	// PullEvents stores evs (in packs, as AppendEvents) and moves the
-	// cursor of each node in to (Node, Epoch, Seq) in one transaction (an
-	// apiserver's pulls of all its nodes in one tick: one write), and
-	// returns how many events it stored. The cursor is what keeps an
-	// event from being stored twice: a holder pulls after it. It returns
-	// errdefs.ErrFailedPrecondition, storing nothing, when owner no longer
-	// holds the lease of one of them.
+	// PullEvents stores evs (in packs, as AppendEvents) and each node's
+	// ledger records in to (Usage, as PutUsage), and moves the cursors of
+	// each node in to (Node, Epoch, Seq, UsageEpoch, UsageSeq), in one
+	// transaction (an apiserver's pulls of all its nodes in one tick: one
+	// write), and returns how many events it stored. The cursors are what
+	// keep an event or a ledger record from being stored twice: a holder
+	// pulls after them. It returns errdefs.ErrFailedPrecondition, storing
+	// nothing, when owner no longer holds the lease of one of them.
 	PullEvents(ctx context.Context, owner string, to []EventPull, evs ...Event) (int, error)
 	// ReleaseEventPulls gives up owner's leases (an apiserver stopping),
 	// so another apiserver takes them at once rather than when they lapse.
@@ -50,14 +52,19 @@ type EventPulls interface {
 	ForgetEventPulls(ctx context.Context, keep []string, before time.Time) (int, error)
 }
 
-// EventPull is a node's pull: its lease and its cursor, the epoch of the
-// node's event log and the last sequence number stored.
+// EventPull is a node's pull: its lease and its cursors, the epoch of the
+// node's event log and the last sequence number stored, the epoch of its
+// ledger and the last version stored. Given to PullEvents, Usage are the
+// ledger records the pull brought, stored with the cursors.
 type EventPull struct {
-	Node  string
-	Owner string
-	Until time.Time
-	Epoch string
-	Seq   uint64
+	Node       string
+	Owner      string
+	Until      time.Time
+	Epoch      string
+	Seq        uint64
+	UsageEpoch string
+	UsageSeq   uint64
+	Usage      []UsageRow
 }
 
 var errNotHolder = errors.New("not the lease's holder")
@@ -67,7 +74,33 @@ func checkPull(to []EventPull, evs []Event) error {
 	if len(to) == 0 {
 		return fmt.Errorf("pull events: no node's cursor: %w", errdefs.ErrInvalidArgument)
 	}
+	for _, c := range to {
+		if err := checkUsageRows(c.Usage); err != nil {
+			return fmt.Errorf("pull events: the ledger records of node %s: %w", c.Node, err)
+		}
+	}
 	return checkEvents(evs)
+}
+
+// pulledUsage splits the ledger records of the pulls to as PutUsage
+// does: the sole ends to append, the rest to merge into ledger.
+func pulledUsage(to []EventPull) (ends, rest []UsageRow) {
+	n := 0
+	for _, c := range to {
+		n += len(c.Usage)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	var all []UsageRow
+	for _, c := range to {
+		if all == nil {
+			all = slices.Clip(c.Usage) // a pull of one node's ledger: no copy
+			continue
+		}
+		all = append(all, c.Usage...)
+	}
+	return splitAppended(all)
 }
 
 func (d *sqlDB) ClaimEventPulls(ctx context.Context, owner string, nodes []string, now, until time.Time) ([]EventPull, error) {
@@ -119,18 +152,18 @@ func (d *sqlDB) ClaimEventPulls(ctx context.Context, owner string, nodes []strin
 				return err
 			}
 		}
-		rows, err := tx.QueryContext(ctx, d.q(`SELECT node, owner, lease{ms}, epoch, seq FROM event_pulls WHERE owner = ? ORDER BY node`), owner)
+		rows, err := tx.QueryContext(ctx, d.q(`SELECT node, owner, lease{ms}, epoch, seq, usage_epoch, usage_seq FROM event_pulls WHERE owner = ? ORDER BY node`), owner)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var p EventPull
-			var seq int64
-			if err := rows.Scan(&p.Node, &p.Owner, timeCol{&p.Until}, &p.Epoch, &seq); err != nil {
+			var seq, useq int64
+			if err := rows.Scan(&p.Node, &p.Owner, timeCol{&p.Until}, &p.Epoch, &seq, &p.UsageEpoch, &useq); err != nil {
 				return err
 			}
-			p.Seq = uint64(seq)
+			p.Seq, p.UsageSeq = uint64(seq), uint64(useq)
 			out = append(out, p)
 		}
 		return rows.Err()
@@ -249,10 +282,12 @@ func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, ev
 		return 0, err
 	}
 	packs := packEvents(evs)
+	ends, rest := pulledUsage(to)
 	var lost string
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		for _, c := range to {
-			res, err := tx.ExecContext(ctx, d.q(`UPDATE event_pulls SET epoch = ?, seq = ? WHERE node = ? AND owner = ?`), c.Epoch, int64(c.Seq), c.Node, owner)
+			res, err := tx.ExecContext(ctx, d.q(`UPDATE event_pulls SET epoch = ?, seq = ?, usage_epoch = ?, usage_seq = ? WHERE node = ? AND owner = ?`),
+				c.Epoch, int64(c.Seq), c.UsageEpoch, int64(c.UsageSeq), c.Node, owner)
 			if err != nil {
 				return err
 			}
@@ -260,6 +295,9 @@ func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, ev
 				lost = c.Node
 				return errNotHolder
 			}
+		}
+		if err := d.putUsage(ctx, tx, ends, rest); err != nil {
+			return err
 		}
 		if len(packs) == 0 {
 			return nil

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"slices"
@@ -8,11 +9,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// PullEvents on PostgreSQL is sqlDB's in one round trip: the nodes'
-// cursors, the event IDs taken from the counter and the packs go as one
-// pgx batch, each pack's range computed by the server from the counter's
-// new value (its row locked until the commit, so the packs of two pulls
-// commit in the order of their IDs).
+// PullEvents on PostgreSQL is sqlDB's in one round trip and a COPY: the
+// nodes' cursors, the ledger's upsert (putUsagePG), the event IDs taken
+// from the counter and the packs go as one pgx batch, each pack's range
+// computed by the server from the counter's new value (its row locked
+// until the commit, so the packs of two pulls commit in the order of their
+// IDs); the sole ends follow in the same transaction by COPY
+// (copyEndsPG), as PutUsage writes them.
 //
 // A pull commits without waiting for its WAL to reach the disk
 // (synchronous_commit off): waiting had the creates' commits wait behind
@@ -29,10 +32,18 @@ func (s *pgStore) PullEvents(ctx context.Context, owner string, to []EventPull, 
 		return 0, err
 	}
 	packs := packEvents(evs)
+	var usage pulledLedger
+	ends, rest := pulledUsage(to)
+	if len(rest) > 0 {
+		usage.upsert = upsertArgs(mergeUsageRows(rest))
+	}
+	if len(ends) > 0 {
+		usage.ends = copyEnds(ends)
+	}
 	var lost string
 	err := s.retry(ctx, false, func(ctx context.Context) error {
 		var err error
-		lost, err = s.pullEvents(ctx, owner, to, packs)
+		lost, err = s.pullEvents(ctx, owner, to, packs, usage)
 		return err
 	})
 	if err != nil {
@@ -41,9 +52,17 @@ func (s *pgStore) PullEvents(ctx context.Context, owner string, to []EventPull, 
 	return len(evs), nil
 }
 
+// pulledLedger is the ledger records of a pull as PutUsage writes them:
+// the upsert's arguments (putUsagePG) and the COPY data of the sole ends
+// (copyEnds), each nil when there is none.
+type pulledLedger struct {
+	upsert []any
+	ends   []byte
+}
+
 // pullEvents is one try of PullEvents. It returns the node whose lease
 // owner lost with errNotHolder.
-func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, packs []eventPack) (string, error) {
+func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, packs []eventPack, usage pulledLedger) (string, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return "", err
@@ -52,7 +71,11 @@ func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, 
 	b := &pgx.Batch{}
 	b.Queue(`SET LOCAL synchronous_commit TO off`)
 	for _, c := range to {
-		b.Queue(`UPDATE event_pulls SET epoch = $1, seq = $2 WHERE node = $3 AND owner = $4`, c.Epoch, int64(c.Seq), c.Node, owner)
+		b.Queue(`UPDATE event_pulls SET epoch = $1, seq = $2, usage_epoch = $3, usage_seq = $4 WHERE node = $5 AND owner = $6`,
+			c.Epoch, int64(c.Seq), c.UsageEpoch, int64(c.UsageSeq), c.Node, owner)
+	}
+	if usage.upsert != nil {
+		b.Queue(putUsagePG, usage.upsert...)
 	}
 	if n := eventsIn(packs); n > 0 {
 		b.Queue(`UPDATE event_ids SET last_id = last_id + $1 WHERE one = 1`, int64(n))
@@ -85,6 +108,11 @@ func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, 
 	}
 	if err := br.Close(); err != nil {
 		return "", err
+	}
+	if usage.ends != nil {
+		if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(usage.ends), copyEndsPG); err != nil {
+			return "", err
+		}
 	}
 	return "", tx.Commit(ctx)
 }

@@ -192,21 +192,25 @@ func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
 		return err
 	}
-	greatest, least := "GREATEST", "LEAST"
-	if d.dialect == dialectSQLite {
-		greatest, least = "max", "min"
-	}
 	ends, rest := splitAppended(rows)
-	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		if err := d.insertUsage(ctx, tx, "ledger", rest, usageOnConflict(greatest, least)); err != nil {
-			return err
-		}
-		return d.insertUsage(ctx, tx, "ledger_ends", ends, "")
-	})
+	err := d.inTx(ctx, func(tx *sql.Tx) error { return d.putUsage(ctx, tx, ends, rest) })
 	if err != nil {
 		return d.fail(fmt.Sprintf("put %d usage rows", len(rows)), err)
 	}
 	return nil
+}
+
+// putUsage is PutUsage's writes in tx: ends appended to ledger_ends, rest
+// merged into ledger.
+func (d *sqlDB) putUsage(ctx context.Context, tx *sql.Tx, ends, rest []UsageRow) error {
+	greatest, least := "GREATEST", "LEAST"
+	if d.dialect == dialectSQLite {
+		greatest, least = "max", "min"
+	}
+	if err := d.insertUsage(ctx, tx, "ledger", rest, usageOnConflict(greatest, least)); err != nil {
+		return err
+	}
+	return d.insertUsage(ctx, tx, "ledger_ends", ends, "")
 }
 
 // insertUsage inserts rows into table, usageBatch at a time, each INSERT

@@ -19,6 +19,61 @@ func pullNodes(ps []store.EventPull) []string {
 	return out
 }
 
+// testReplicasLedgerPull: the ledger records of a pull are stored with
+// the node's ledger cursor, in the pull's write (a sole end appended, a
+// checkpoint merged, as PutUsage does), or not at all when the lease is
+// another's; the next holder takes the node at that cursor; a pull
+// carrying a record without a key is refused whole.
+func testReplicasLedgerPull(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	now := ms(time.Now())
+	t0 := now.Add(-time.Hour)
+	_, err := a.ClaimEventPulls(ctx, "a", []string{"n1"}, now, now.Add(5*time.Second))
+	must(t, "a claims", err)
+	end := usageRow("sb-1", "p", map[string]string{"run": "r1"}, t0, t0.Add(time.Minute), 1_000_000)
+	end.Sole = true
+	live := usageRow("sb-2", "p", nil, t0, time.Time{}, 2_000_000)
+	n, err := a.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 1, UsageEpoch: "u1", UsageSeq: 7,
+		Usage: []store.UsageRow{end, live}}}, ev("n1/e1/1", "p", "sb-2", "created", now))
+	must(t, "a pulls n1 with its ledger", err)
+	if n != 1 {
+		t.Fatalf("a's pull stored %d events, want 1", n)
+	}
+	_, err = b.PullEvents(ctx, "b", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 1, UsageEpoch: "u1", UsageSeq: 9,
+		Usage: []store.UsageRow{usageRow("sb-3", "p", nil, t0, time.Time{}, 3_000_000)}}})
+	wantKind(t, "b pulls a's node with a ledger record", err, errdefs.ErrFailedPrecondition)
+	bad := live
+	bad.Key = ""
+	_, err = a.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 1, UsageEpoch: "u1", UsageSeq: 8,
+		Usage: []store.UsageRow{bad}}})
+	wantKind(t, "a pulls a record without a key", err, errdefs.ErrInvalidArgument)
+
+	sums, err := b.SumUsage(ctx, store.UsageQuery{By: "sandbox"})
+	must(t, "SumUsage", err)
+	got := map[string]int64{}
+	for _, s := range sums {
+		got[s.Key] = s.CPUUsec
+	}
+	if want := map[string]int64{"sb-1": 1_000_000, "sb-2": 2_000_000}; !maps.Equal(got, want) {
+		t.Fatalf("the store sums CPU by sandbox %v, want %v (a's pull, none of b's refused one)", got, want)
+	}
+
+	later := now.Add(6 * time.Second)
+	held, err := b.ClaimEventPulls(ctx, "b", []string{"n1"}, later, later.Add(5*time.Second))
+	must(t, "b claims after a's lease lapsed", err)
+	if len(held) != 1 || held[0].UsageEpoch != "u1" || held[0].UsageSeq != 7 || held[0].Epoch != "e1" || held[0].Seq != 1 {
+		t.Fatalf("b took %+v, want n1 with its events at e1/1 and its ledger at u1/7", held)
+	}
+	// Events off: a pull of the ledger alone moves its cursor alone.
+	_, err = b.PullEvents(ctx, "b", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 1, UsageEpoch: "u2", UsageSeq: 1}})
+	must(t, "b moves n1's ledger cursor to a new epoch", err)
+	held, err = b.ClaimEventPulls(ctx, "b", []string{"n1"}, later, later.Add(5*time.Second))
+	must(t, "b claims again", err)
+	if len(held) != 1 || held[0].UsageEpoch != "u2" || held[0].UsageSeq != 1 {
+		t.Fatalf("b holds %+v, want n1's ledger at u2/1", held)
+	}
+}
+
 // testReplicasEventPullLease: one replica at a time holds a node's pull;
 // only the holder stores what it pulled, with the node's cursor in the
 // same write; a lapsed lease goes to the other replica with the cursor

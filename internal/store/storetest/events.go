@@ -32,6 +32,7 @@ var eventReplicaCases = []struct {
 	{"EventsConcurrent", testReplicasEventsConcurrent},
 	{"WebhookLease", testReplicasWebhookLease},
 	{"EventPullLease", testReplicasEventPullLease},
+	{"LedgerPull", testReplicasLedgerPull},
 	{"EventPullBalance", testReplicasEventPullBalance},
 }
 
