@@ -21,9 +21,12 @@
 //
 // The ledger is saved to a file after each round of samples and read back
 // when the edge starts, so a restarted dsecd (whose sandboxes live on)
-// keeps the integrals; what a crash loses is the last round's. Ended
-// sandboxes' records are kept for Keep after they end, for apiservers that
-// were away, then dropped.
+// keeps the integrals; what a crash loses is the last round's. An ended
+// sandbox's record is kept until the store holds it (a pull asked, at
+// least StoredAfter ago, for the records after a version at or past its
+// end's: the apiservers ask after the cursor the store keeps) and
+// LiveEnded has passed since its end, or for Keep after its end, for
+// apiservers that were away, then dropped.
 package ledger
 
 import (
@@ -59,7 +62,13 @@ const (
 	// LiveEnded is how long after its end Live still reads a sandbox's
 	// record: a pull stores it within a second or two of its end.
 	LiveEnded = time.Minute
-	gib       = 1 << 30
+	// StoredAfter is how long after a pull asked for the records after a
+	// version the ledger takes those up to it for stored: the apiservers
+	// ask after the cursor of their last pull's commit, which PostgreSQL
+	// may take back for a moment (it commits pulls without waiting for
+	// the disk: a crash loses up to three wal_writer_delay of them).
+	StoredAfter = time.Minute
+	gib         = 1 << 30
 )
 
 // Sample is one reading of a sandbox's counters. CPUUsec and EgressBytes
@@ -128,10 +137,23 @@ type Ledger struct {
 	recs  map[string]*Record
 	bySeq *list.List // the changed records (*Record), by seq, oldest first
 	// ends are the ended records in the order End was called, each with
-	// its end, for Save to drop those ended more than Keep ago without
-	// reading every record (a hollow edge's ledger holds hundreds of
-	// thousands); one since dropped or started again is passed over.
+	// its end, for Save to drop those stored or ended more than Keep ago
+	// without reading every record (a hollow edge's ledger holds hundreds
+	// of thousands); one since dropped or started again is passed over.
 	ends endQueue
+	// asks are the versions of this epoch the pulls asked after, in time
+	// order, one a second at most, until StoredAfter has passed and Save
+	// takes them for stored.
+	asks []asked
+	// stored is the version the store holds records of this epoch to.
+	stored uint64
+}
+
+// asked is a pull's version asked after (the latest of its second), and
+// when (Unix nanoseconds).
+type asked struct {
+	after uint64
+	at    int64
 }
 
 // ending is a record and when it ended (Unix nanoseconds), in
@@ -436,6 +458,8 @@ func (l *Ledger) Changed(epoch string, after uint64) (recs []*dsecv1.UsageRecord
 func (l *Ledger) changed(epoch string, after uint64, fn func(r *Record)) {
 	if epoch != l.epoch {
 		after = 0
+	} else {
+		l.ask(after, time.Now())
 	}
 	for e := l.bySeq.Back(); e != nil; e = e.Prev() {
 		r := e.Value.(*Record)
@@ -444,6 +468,27 @@ func (l *Ledger) changed(epoch string, after uint64, fn func(r *Record)) {
 		}
 		fn(r)
 	}
+}
+
+// ask notes that a pull asked for the records after version after of
+// this epoch: the store holds those up to it (a pull not due asks after
+// the largest version, which says nothing, and is passed over). The
+// caller holds l.mu.
+func (l *Ledger) ask(after uint64, now time.Time) {
+	if after > l.seq || after <= l.stored {
+		return
+	}
+	if n := len(l.asks); n > 0 {
+		last := &l.asks[n-1]
+		if after <= last.after {
+			return // an apiserver behind another: nothing new
+		}
+		if now.UnixNano()-last.at < int64(time.Second) {
+			last.after = after
+			return
+		}
+	}
+	l.asks = append(l.asks, asked{after, now.UnixNano()})
 }
 
 // sole says r's end is the only report of it ever offered (Reported).
@@ -540,22 +585,35 @@ func (l *Ledger) Get(id string) (Record, bool) {
 	return *r, true
 }
 
-// Save drops the records of sandboxes that ended more than Keep ago and
-// writes the rest to the ledger's file (replaced whole: a crash leaves the
-// old one or the new); a ledger kept in memory only drops them.
+// Save drops the records of sandboxes that ended more than LiveEnded ago
+// and are stored (a pull asked after their version at least StoredAfter
+// ago), or ended more than Keep ago, and writes the rest to the ledger's
+// file (replaced whole: a crash leaves the old one or the new); a ledger
+// kept in memory only drops them.
 func (l *Ledger) Save(now time.Time) error {
 	if l == nil {
 		return nil
 	}
 	l.mu.Lock()
-	// Ends come about in time order: the first not past Keep ends the
-	// drops (one out of order waits for those before it).
+	i := 0
+	for ; i < len(l.asks) && now.UnixNano()-l.asks[i].at >= int64(StoredAfter); i++ {
+		l.stored = max(l.stored, l.asks[i].after)
+	}
+	l.asks = append(l.asks[:0], l.asks[i:]...)
+	// Ends come about in time order, their versions in order too: the
+	// first neither stored nor past Keep ends the drops (one out of order
+	// waits for those before it).
 	for {
 		d, ok := l.ends.front()
-		if !ok || now.UnixNano()-d.at <= int64(Keep) {
+		if !ok {
 			break
 		}
-		if l.recs[d.r.SandboxID] == d.r && d.r.Ended.UnixNano() == d.at {
+		age := now.UnixNano() - d.at
+		current := l.recs[d.r.SandboxID] == d.r && d.r.Ended.UnixNano() == d.at
+		if age <= int64(Keep) && (age <= int64(LiveEnded) || current && d.r.seq > l.stored) {
+			break
+		}
+		if current {
 			l.drop(d.r)
 		}
 		l.ends.pop()

@@ -408,3 +408,51 @@ func TestEndQueue(t *testing.T) {
 		t.Errorf("emptied queue holds %d chunks", len(q.chunks))
 	}
 }
+
+// TestStoredDrops: an ended record is dropped once the store holds it (a
+// pull asked after a version at or past its end's at least StoredAfter
+// before the save) and LiveEnded has passed since its end, not before
+// either; a pull not due (asking after the largest version) or of another
+// epoch says nothing of what the store holds.
+func TestStoredDrops(t *testing.T) {
+	l, err := Open("n1", "", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	for _, id := range []string{"a", "b", "c"} {
+		l.Start(id, "p", nil, t0, true)
+	}
+	l.End("a", t0)
+	l.End("b", t0)
+	epoch, _ := l.Head()
+	kept := func(at time.Time, want map[string]bool) {
+		t.Helper()
+		if err := l.Save(at); err != nil {
+			t.Fatal(err)
+		}
+		for id, k := range want {
+			if _, ok := l.Get(id); ok != k {
+				t.Errorf("save at t0+%s: %s kept %v, want %v", at.Sub(t0), id, ok, k)
+			}
+		}
+	}
+	// Pulls that say nothing: not due, another epoch.
+	l.ChangedPacked(epoch, math.MaxUint64, nil)
+	l.ChangedPacked("another", 0, nil)
+	kept(t0.Add(10*time.Minute), map[string]bool{"a": true, "b": true, "c": true})
+
+	// A pull stores up to b's end (the store's cursor past it): asked now,
+	// taken for stored StoredAfter later.
+	_, _, _, next := l.ChangedPacked(epoch, 0, nil)
+	l.ChangedPacked(epoch, next, nil)
+	asked := time.Now()
+	l.End("c", time.Now())
+	kept(asked.Add(StoredAfter/2), map[string]bool{"a": true, "b": true, "c": true})
+	kept(asked.Add(StoredAfter+time.Second), map[string]bool{"a": false, "b": false, "c": true})
+	// c's end is past the version asked: it waits for the next ask, or Keep.
+	_, _, _, next = l.ChangedPacked(epoch, next, nil)
+	l.ChangedPacked(epoch, next, nil)
+	at := time.Now()
+	kept(at.Add(StoredAfter+time.Second), map[string]bool{"c": false})
+}
