@@ -85,13 +85,6 @@ func checkPull(to []EventPull, evs []Event) error {
 // pulledUsage splits the ledger records of the pulls to as PutUsage
 // does: the sole ends to append, the rest to merge into ledger.
 func pulledUsage(to []EventPull) (ends, rest []UsageRow) {
-	n := 0
-	for _, c := range to {
-		n += len(c.Usage)
-	}
-	if n == 0 {
-		return nil, nil
-	}
 	var all []UsageRow
 	for _, c := range to {
 		if all == nil {
