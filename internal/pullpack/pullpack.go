@@ -127,18 +127,28 @@ func newReader(data []byte) (*reader, error) {
 	return &reader{b: data[1:], seen: map[string]string{}}, nil
 }
 
+// take reads the next n bytes of a fixed-width field, nil after a fault
+// (short: what the fault says of the field cut short).
+func (r *reader) take(n int, short string) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if len(r.b) < n {
+		r.err = fmt.Errorf("%w: %s", ErrMalformed, short)
+		return nil
+	}
+	b := r.b[:n]
+	r.b = r.b[n:]
+	return b
+}
+
 // count reads a page's count of events or records.
 func (r *reader) count() uint32 {
-	if r.err != nil {
+	b := r.take(4, "no count")
+	if b == nil {
 		return 0
 	}
-	if len(r.b) < 4 {
-		r.err = fmt.Errorf("%w: no count", ErrMalformed)
-		return 0
-	}
-	n := binary.BigEndian.Uint32(r.b)
-	r.b = r.b[4:]
-	return n
+	return binary.BigEndian.Uint32(b)
 }
 
 func (r *reader) uvarint() uint64 {

@@ -176,27 +176,17 @@ func (r *reader) labels(sets map[string]map[string]string) map[string]string {
 }
 
 func (r *reader) float() float64 {
-	if r.err != nil {
+	b := r.take(8, "a float cut short")
+	if b == nil {
 		return 0
 	}
-	if len(r.b) < 8 {
-		r.err = fmt.Errorf("%w: a float cut short", ErrMalformed)
-		return 0
-	}
-	v := math.Float64frombits(binary.BigEndian.Uint64(r.b))
-	r.b = r.b[8:]
-	return v
+	return math.Float64frombits(binary.BigEndian.Uint64(b))
 }
 
 func (r *reader) byte() byte {
-	if r.err != nil {
+	b := r.take(1, "cut short")
+	if b == nil {
 		return 0
 	}
-	if len(r.b) == 0 {
-		r.err = fmt.Errorf("%w: cut short", ErrMalformed)
-		return 0
-	}
-	b := r.b[0]
-	r.b = r.b[1:]
-	return b
+	return b[0]
 }
