@@ -32,14 +32,7 @@ func (s *pgStore) PullEvents(ctx context.Context, owner string, to []EventPull, 
 		return 0, err
 	}
 	packs := packEvents(evs)
-	var usage pulledLedger
-	ends, rest := pulledUsage(to)
-	if len(rest) > 0 {
-		usage.upsert = upsertArgs(mergeUsageRows(rest))
-	}
-	if len(ends) > 0 {
-		usage.ends = copyEnds(ends)
-	}
+	usage := newLedgerWrite(pulledUsage(to))
 	var lost string
 	err := s.retry(ctx, false, func(ctx context.Context) error {
 		var err error
@@ -52,17 +45,9 @@ func (s *pgStore) PullEvents(ctx context.Context, owner string, to []EventPull, 
 	return len(evs), nil
 }
 
-// pulledLedger is the ledger records of a pull as PutUsage writes them:
-// the upsert's arguments (putUsagePG) and the COPY data of the sole ends
-// (copyEnds), each nil when there is none.
-type pulledLedger struct {
-	upsert []any
-	ends   []byte
-}
-
 // pullEvents is one try of PullEvents. It returns the node whose lease
 // owner lost with errNotHolder.
-func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, packs []eventPack, usage pulledLedger) (string, error) {
+func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, packs []eventPack, usage ledgerWrite) (string, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return "", err

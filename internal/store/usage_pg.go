@@ -36,24 +36,19 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
 		return err
 	}
-	ends, rest := splitAppended(rows)
-	up := upsertArgs(mergeUsageRows(rest))
-	var copied []byte
-	if len(ends) > 0 {
-		copied = copyEnds(ends)
-	}
+	w := newLedgerWrite(splitAppended(rows))
 	err := s.retry(ctx, true, func(ctx context.Context) error {
-		if len(ends) == 0 {
-			_, err := s.pool.Exec(ctx, putUsagePG, up...)
+		if w.ends == nil {
+			_, err := s.pool.Exec(ctx, putUsagePG, w.upsert...)
 			return err
 		}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			if len(rest) > 0 {
-				if _, err := tx.Exec(ctx, putUsagePG, up...); err != nil {
+			if w.upsert != nil {
+				if _, err := tx.Exec(ctx, putUsagePG, w.upsert...); err != nil {
 					return err
 				}
 			}
-			_, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(copied), copyEndsPG)
+			_, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(w.ends), copyEndsPG)
 			return err
 		})
 	})
@@ -61,6 +56,28 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 		return s.fail(fmt.Sprintf("put %d usage rows", len(rows)), err)
 	}
 	return nil
+}
+
+// ledgerWrite is usage rows as PostgreSQL is given them: the upsert's
+// arguments (putUsagePG) of the rows merged into ledger, the COPY data
+// (copyEndsPG) of the sole ends appended to ledger_ends, each nil when
+// there is none.
+type ledgerWrite struct {
+	upsert []any
+	ends   []byte
+}
+
+// newLedgerWrite is the write of ends and rest, as splitAppended parts
+// rows.
+func newLedgerWrite(ends, rest []UsageRow) ledgerWrite {
+	var w ledgerWrite
+	if len(rest) > 0 {
+		w.upsert = upsertArgs(mergeUsageRows(rest))
+	}
+	if len(ends) > 0 {
+		w.ends = copyEnds(ends)
+	}
+	return w
 }
 
 // copyEnds is the binary COPY data of rows in ledger_ends' columns
