@@ -488,9 +488,14 @@ func (ps *pools) start(p *pool) {
 		ps.remove(m)
 		return
 	}
-	p.busy[m] = time.Now()
+	// Idle and handed out under the same lock that ended its start: in
+	// between, the waiter it serves would count as served by nothing, and
+	// another start (neededLocked, growLocked) be decided for it.
+	now := time.Now()
+	m.idle = now
+	p.idle = append(p.idle, m)
+	ps.dispatchLocked(p, now)
 	ps.mu.Unlock()
-	ps.release(p.key, m, false)
 }
 
 // release gives m back to key's pool, or retires it.

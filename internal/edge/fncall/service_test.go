@@ -386,10 +386,14 @@ func TestLongCallsStartAtOnce(t *testing.T) {
 	const n = 12
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
-	for range n {
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Arrivals spread over a few look periods, as on a busy
+			// node: the pool decides their containers over several
+			// looks, while the first ones come up.
+			time.Sleep(time.Duration(i) * 3 * time.Millisecond)
 			_, err := s.RunCode(context.Background(), &dsecv1.RunCodeRequest{Language: "python", Code: "while True: pass", RunTimeoutSeconds: 5})
 			errs <- err
 		}()
