@@ -59,15 +59,19 @@ const (
 	// to the apiservers' pulls, to be stored: a node lost for good loses
 	// at most this much of its live sandboxes' use.
 	DefaultCheckpoint = 5 * time.Minute
-	// LiveEnded is how long after its end Live still reads a sandbox's
-	// record: a pull stores it within a second or two of its end.
-	LiveEnded = time.Minute
+	// LiveEnded is how long after its end a sandbox's record stays on the
+	// node at least, stored or not, for Live to read: a pull stores it
+	// within a second or two of its end. Live reads one not yet stored
+	// for as long as it is kept.
+	LiveEnded = 10 * time.Second
 	// StoredAfter is how long after a pull asked for the records after a
 	// version the ledger takes those up to it for stored: the apiservers
 	// ask after the cursor of their last pull's commit, which PostgreSQL
 	// may take back for a moment (it commits pulls without waiting for
-	// the disk: a crash loses up to three wal_writer_delay of them).
-	StoredAfter = time.Minute
+	// the disk: a crash loses up to three wal_writer_delay of them, 600
+	// ms by default). A minute kept six times the records on a busy
+	// hollow edge, for its garbage collector to go through.
+	StoredAfter = 10 * time.Second
 	gib         = 1 << 30
 )
 
@@ -527,9 +531,9 @@ func (l *Ledger) ChangedPacked(epoch string, after uint64, buf []byte) (page []b
 }
 
 // Live returns the records of the sandboxes that live, and of those that
-// ended less than LiveEnded before now, of the projects given and those
-// under them (none: every project), for an apiserver's Usage to add to the
-// store's rows.
+// ended less than LiveEnded before now or are not known stored yet, of the
+// projects given and those under them (none: every project), for an
+// apiserver's Usage to add to the store's rows.
 func (l *Ledger) Live(projects []string, now time.Time) []*dsecv1.UsageRecord {
 	if l == nil {
 		return nil
@@ -538,7 +542,7 @@ func (l *Ledger) Live(projects []string, now time.Time) []*dsecv1.UsageRecord {
 	defer l.mu.Unlock()
 	var out []*dsecv1.UsageRecord
 	for _, r := range l.recs {
-		if !r.Ended.IsZero() && now.Sub(r.Ended) > LiveEnded {
+		if !r.Ended.IsZero() && now.Sub(r.Ended) > LiveEnded && r.seq <= l.stored {
 			continue
 		}
 		if len(projects) > 0 && !slices.ContainsFunc(projects, func(p string) bool { return under(r.Project, p) }) {

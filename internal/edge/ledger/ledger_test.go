@@ -154,16 +154,29 @@ func TestCheckpoint(t *testing.T) {
 	l.Observe("sb-1", "ml/run", labels, Sample{At: t0.Add(DefaultCheckpoint + 10*time.Second), CPUUsec: 2100})
 	l.Observe("sb-2", "ml", nil, Sample{At: t0.Add(DefaultCheckpoint + 10*time.Second), CPUUsec: 50})
 	l.End("sb-2", t0.Add(DefaultCheckpoint+10*time.Second))
-	recs, _, _ = l.Changed(epoch, next)
+	recs, _, next = l.Changed(epoch, next)
 	if len(recs) != 1 || recs[0].GetSandboxId() != "sb-2" || recs[0].GetUsage().GetCpuUsec() != 50 || recs[0].GetEndedUnixMs() == 0 {
 		t.Fatalf("after sb-2's end: %v, want sb-2 ended at 50 µs", recs)
 	}
-	// Live reads an ended record for LiveEnded after its end, not after.
-	if n := len(l.Live([]string{"ml"}, t0.Add(DefaultCheckpoint+10*time.Second+LiveEnded/2))); n != 2 {
+	// Live reads an ended record for LiveEnded after its end, and after
+	// that for as long as the store is not known to hold it.
+	ended := t0.Add(DefaultCheckpoint + 10*time.Second)
+	if n := len(l.Live([]string{"ml"}, ended.Add(LiveEnded/2))); n != 2 {
 		t.Fatalf("live of ml just after sb-2's end: %d, want 2", n)
 	}
-	if n := len(l.Live([]string{"ml"}, t0.Add(DefaultCheckpoint+10*time.Second+2*LiveEnded))); n != 1 {
-		t.Fatalf("live of ml long after sb-2's end: %d, want 1", n)
+	if n := len(l.Live([]string{"ml"}, ended.Add(2*LiveEnded))); n != 2 {
+		t.Fatalf("live of ml long after sb-2's end, no pull past it: %d, want 2", n)
+	}
+	// A pull asks past sb-2's end: StoredAfter later the store holds it.
+	l.Changed(epoch, next)
+	if err := l.Save(time.Now().Add(StoredAfter + time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(l.Live([]string{"ml"}, ended.Add(LiveEnded/2))); n != 2 {
+		t.Fatalf("live of ml just after sb-2's end, stored: %d, want 2", n)
+	}
+	if n := len(l.Live([]string{"ml"}, ended.Add(2*LiveEnded))); n != 1 {
+		t.Fatalf("live of ml long after sb-2's end, stored: %d, want 1", n)
 	}
 }
 
