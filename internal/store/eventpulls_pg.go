@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"slices"
@@ -9,13 +8,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// PullEvents on PostgreSQL is sqlDB's in one round trip and a COPY: the
-// nodes' cursors, the ledger's upsert (putUsagePG), the event IDs taken
-// from the counter and the packs go as one pgx batch, each pack's range
+// PullEvents on PostgreSQL is sqlDB's in one round trip: the nodes'
+// cursors, the ledger's upsert (putUsagePG) and packs of sole ends
+// (insertEndPackPG), as PutUsage writes them, the event IDs taken from the
+// counter and the event packs go as one pgx batch, each event pack's range
 // computed by the server from the counter's new value (its row locked
 // until the commit, so the packs of two pulls commit in the order of their
-// IDs); the sole ends follow in the same transaction by COPY
-// (copyEndsPG), as PutUsage writes them.
+// IDs).
 //
 // A pull commits without waiting for its WAL to reach the disk
 // (synchronous_commit off): waiting had the creates' commits wait behind
@@ -59,9 +58,7 @@ func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, 
 		b.Queue(`UPDATE event_pulls SET epoch = $1, seq = $2, usage_epoch = $3, usage_seq = $4 WHERE node = $5 AND owner = $6`,
 			c.Epoch, int64(c.Seq), c.UsageEpoch, int64(c.UsageSeq), c.Node, owner)
 	}
-	if usage.upsert != nil {
-		b.Queue(putUsagePG, usage.upsert...)
-	}
+	usage.queue(b)
 	if n := eventsIn(packs); n > 0 {
 		b.Queue(`UPDATE event_ids SET last_id = last_id + $1 WHERE one = 1`, int64(n))
 		// The counter now ends at the last ID taken: a pack of events
@@ -93,11 +90,6 @@ func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, 
 	}
 	if err := br.Close(); err != nil {
 		return "", err
-	}
-	if usage.ends != nil {
-		if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(usage.ends), copyEndsPG); err != nil {
-			return "", err
-		}
 	}
 	return "", tx.Commit(ctx)
 }

@@ -51,14 +51,14 @@ type UsageRow struct {
 	// Sole says the row is its sandbox's end and the first report of it
 	// its node offered (no checkpoint, no snapshot before it): no row of
 	// the key can be stored but this one put before, so the store appends
-	// it to a table without a key (ledger_ends) instead of upserting it,
+	// it, in a pack of ends (ledger_end_packs), instead of upserting it,
 	// a fraction of the cost. Ignored on a row without an end.
 	Sole bool `json:"sole,omitempty"`
 	Usage
 }
 
-// appended says whether PutUsage appends r to ledger_ends (a sandbox's
-// sole report) rather than upserting it into ledger.
+// appended says whether PutUsage appends r to a pack of ends (a
+// sandbox's sole report) rather than upserting it into ledger.
 func appended(r *UsageRow) bool { return r.Sole && r.SandboxID != "" && !r.Ended.IsZero() }
 
 // splitAppended parts rows into those PutUsage appends and the rest.
@@ -200,8 +200,8 @@ func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	return nil
 }
 
-// putUsage is PutUsage's writes in tx: ends appended to ledger_ends, rest
-// merged into ledger.
+// putUsage is PutUsage's writes in tx: ends appended to ledger_end_packs,
+// in packs, rest merged into ledger.
 func (d *sqlDB) putUsage(ctx context.Context, tx *sql.Tx, ends, rest []UsageRow) error {
 	greatest, least := "GREATEST", "LEAST"
 	if d.dialect == dialectSQLite {
@@ -210,7 +210,13 @@ func (d *sqlDB) putUsage(ctx context.Context, tx *sql.Tx, ends, rest []UsageRow)
 	if err := d.insertUsage(ctx, tx, "ledger", rest, usageOnConflict(greatest, least)); err != nil {
 		return err
 	}
-	return d.insertUsage(ctx, tx, "ledger_ends", ends, "")
+	for _, p := range packEnds(ends) {
+		if _, err := tx.ExecContext(ctx, d.q(`INSERT INTO ledger_end_packs (project, started{ms}, ended{ms}, n, records) VALUES (?, ?, ?, ?, ?)`),
+			p.project, d.ts(p.started), d.ts(p.ended), p.n, p.records); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // insertUsage inserts rows into table, usageBatch at a time, each INSERT
@@ -307,6 +313,29 @@ func (d *sqlDB) SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error) 
 		for i := range q.Live {
 			live[q.Live[i].Key] = &q.Live[i]
 		}
+		packed, err := d.packedEnds(ctx, q, where, args)
+		if err != nil {
+			return err
+		}
+		// stored sums a key's stored figures, the node's live record in
+		// their place when it has one.
+		stored := func(key, sbID, project, labels, node string, u Usage) error {
+			if r, ok := live[key]; ok {
+				// The node's record as it stands: newer than the stored.
+				delete(live, key)
+				u.raise(r.Usage)
+				add(r.SandboxID, r.Project, r.Labels, r.Node, u)
+				return nil
+			}
+			var m map[string]string
+			if byLabel && labels != "" && labels != "null" {
+				if err := json.Unmarshal([]byte(labels), &m); err != nil {
+					return fmt.Errorf("labels of sandbox %s: %w", sbID, err)
+				}
+			}
+			add(sbID, project, m, node, u)
+			return nil
+		}
 		rows, err := d.db.QueryContext(ctx, d.q(sumUsageQuery(where)), append(slices.Clip(args), args...)...)
 		if err != nil {
 			return err
@@ -319,23 +348,24 @@ func (d *sqlDB) SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error) 
 				&u.SnapshotBytes, &u.EgressBytes, &u.FnCallCalls); err != nil {
 				return err
 			}
-			if r, ok := live[key]; ok {
-				// The node's record as it stands: newer than the stored.
-				delete(live, key)
-				u.raise(r.Usage)
-				add(r.SandboxID, r.Project, r.Labels, r.Node, u)
-				continue
+			if p, ok := packed[key]; ok {
+				// Its end in a pack too (put twice, or by an older
+				// dsec in ledger_ends): merged as the query merges rows.
+				delete(packed, key)
+				u.raise(p.Usage)
+				labels = max(labels, p.labels)
 			}
-			var m map[string]string
-			if byLabel && labels != "" && labels != "null" {
-				if err := json.Unmarshal([]byte(labels), &m); err != nil {
-					return fmt.Errorf("labels of sandbox %s: %w", sbID, err)
-				}
+			if err := stored(key, sbID, project, labels, node, u); err != nil {
+				return err
 			}
-			add(sbID, project, m, node, u)
 		}
 		if err := rows.Err(); err != nil {
 			return err
+		}
+		for key, p := range packed {
+			if err := stored(key, p.SandboxID, p.Project, p.labels, p.Node, p.Usage); err != nil {
+				return err
+			}
 		}
 		// The live rows the store has none of yet, as the query selects.
 		for _, r := range live {
@@ -356,6 +386,47 @@ func (d *sqlDB) SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error) 
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// packedEnd is a sole end read from a pack, its labels as JSON.
+type packedEnd struct {
+	UsageRow
+	labels string
+}
+
+// packedEnds reads the records of the packs of ends that where (with
+// args) selects, keeps those q selects, and merges a key's records as
+// sumUsageQuery merges rows: each figure's largest (a pull stored twice
+// packs an end twice).
+func (d *sqlDB) packedEnds(ctx context.Context, q UsageQuery, where string, args []any) (map[string]*packedEnd, error) {
+	rows, err := d.db.QueryContext(ctx, d.q(`SELECT project, records FROM ledger_end_packs`+where), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]*packedEnd{}
+	for rows.Next() {
+		var project string
+		var records []byte
+		if err := rows.Scan(&project, &records); err != nil {
+			return nil, err
+		}
+		err := decodeEnds(project, records, func(r *UsageRow, labels string) {
+			if !q.Since.IsZero() && r.Ended.Before(q.Since) || !q.Until.IsZero() && !r.Started.Before(q.Until) {
+				return
+			}
+			if p, ok := out[r.Key]; ok {
+				p.Usage.raise(r.Usage)
+				p.labels = max(p.labels, labels)
+				return
+			}
+			out[r.Key] = &packedEnd{UsageRow: *r, labels: labels}
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, rows.Err()
 }
 
 // sumUsageQuery reads the rows of ledger and ledger_ends that where
@@ -406,7 +477,21 @@ func (d *sqlDB) ExpireUsage(ctx context.Context, olderThan time.Time) (int, erro
 		}
 		ends, _ := res.RowsAffected()
 		n += ends
-		return nil
+		// A pack goes whole, once its latest end is past the cut: its
+		// records ended within a pull of one another.
+		rows, err := d.db.QueryContext(ctx, d.q(`DELETE FROM ledger_end_packs WHERE ended{ms} < ? RETURNING n`), d.ts(olderThan))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k int64
+			if err := rows.Scan(&k); err != nil {
+				return err
+			}
+			n += k
+		}
+		return rows.Err()
 	})
 	if err != nil {
 		return 0, d.fail("expire usage", err)

@@ -16,8 +16,9 @@ import (
 // ended sandbox, in the batches an apiserver's pull of a busy node brings
 // (2,000 records: a node ending 2,000 sandboxes a second, pulled each
 // second): the server's CPU a row, and the wall time a row. sole=true
-// are sandboxes whose end is their only report (appended to ledger_ends
-// by COPY), sole=false those checkpointed before (upserted into ledger);
+// are sandboxes whose end is their only report (appended in packs,
+// ledger_end_packs), sole=false those checkpointed before (upserted into
+// ledger);
 // the first over the second is what appending saves. client-µs/row is the
 // CPU this process (the apiserver's part: encoding the rows) spent a row.
 // Each row has the labels a training loop's sandbox has: its project and

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -23,33 +22,24 @@ var putUsagePG = strings.ReplaceAll(`INSERT INTO ledger (key, sandbox_id, projec
 		$8::timestamptz[], $9::bigint[], $10::float8[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[])`+
 	usageOnConflict("GREATEST", "LEAST"), "{ms}", "")
 
-// copyEndsPG copies rows into ledger_ends, their columns in the order
-// copyEnds writes them.
-const copyEndsPG = `COPY ledger_ends (key, sandbox_id, project, labels, node, started, ended, updated, cpu_usec, memory_gib_s,
-	disk_gib_h, disk_peak_bytes, snapshot_bytes, egress_bytes, fncall_calls) FROM STDIN (FORMAT binary)`
+// insertEndPackPG stores one pack of sole ends (endpack.go).
+const insertEndPackPG = `INSERT INTO ledger_end_packs (project, started, ended, n, records) VALUES ($1, $2, $3, $4, $5)`
 
 // PutUsage on PostgreSQL upserts the rows in one statement (putUsagePG)
-// and copies the sandboxes' sole reports into ledger_ends (COPY), in one
-// transaction. One statement cannot change a row twice, so rows of one key
-// are merged first, as the store would merge them one after the other.
+// and stores the sandboxes' sole reports in packs (insertEndPackPG), in
+// one round trip and one transaction. One statement cannot change a row
+// twice, so rows of one key are merged first, as the store would merge
+// them one after the other.
 func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
 		return err
 	}
 	w := newLedgerWrite(splitAppended(rows))
 	err := s.retry(ctx, true, func(ctx context.Context) error {
-		if w.ends == nil {
-			_, err := s.pool.Exec(ctx, putUsagePG, w.upsert...)
-			return err
-		}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			if w.upsert != nil {
-				if _, err := tx.Exec(ctx, putUsagePG, w.upsert...); err != nil {
-					return err
-				}
-			}
-			_, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(w.ends), copyEndsPG)
-			return err
+			b := &pgx.Batch{}
+			w.queue(b)
+			return tx.SendBatch(ctx, b).Close()
 		})
 	})
 	if err != nil {
@@ -59,12 +49,11 @@ func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 }
 
 // ledgerWrite is usage rows as PostgreSQL is given them: the upsert's
-// arguments (putUsagePG) of the rows merged into ledger, the COPY data
-// (copyEndsPG) of the sole ends appended to ledger_ends, each nil when
-// there is none.
+// arguments (putUsagePG) of the rows merged into ledger, nil when there is
+// none, and the packs of the sole ends.
 type ledgerWrite struct {
 	upsert []any
-	ends   []byte
+	ends   []endPack
 }
 
 // newLedgerWrite is the write of ends and rest, as splitAppended parts
@@ -74,38 +63,18 @@ func newLedgerWrite(ends, rest []UsageRow) ledgerWrite {
 	if len(rest) > 0 {
 		w.upsert = upsertArgs(mergeUsageRows(rest))
 	}
-	if len(ends) > 0 {
-		w.ends = copyEnds(ends)
-	}
+	w.ends = packEnds(ends)
 	return w
 }
 
-// copyEnds is the binary COPY data of rows in ledger_ends' columns
-// (copyEndsPG).
-func copyEnds(rows []UsageRow) []byte {
-	// A row's fixed part (15 fields' lengths, 10 of them 8 bytes of
-	// value) and its strings at their usual lengths.
-	c := newCopyRows(len(rows), 2+15*4+10*8+160)
-	for i := range rows {
-		r := &rows[i]
-		c.row(15)
-		c.text(r.Key)
-		c.text(r.SandboxID)
-		c.text(r.Project)
-		c.labelsJSON(r.Labels)
-		c.text(r.Node)
-		c.timestamptz(nowOr(r.Started))
-		c.timestamptz(ms(r.Ended))
-		c.timestamptz(nowOr(r.Updated))
-		c.int8(r.CPUUsec)
-		c.float8(r.MemoryGiBSec)
-		c.float8(r.DiskGiBHours)
-		c.int8(r.DiskPeakBytes)
-		c.int8(r.SnapshotBytes)
-		c.int8(r.EgressBytes)
-		c.int8(r.FnCallCalls)
+// queue adds w's statements to b.
+func (w ledgerWrite) queue(b *pgx.Batch) {
+	if w.upsert != nil {
+		b.Queue(putUsagePG, w.upsert...)
 	}
-	return c.data()
+	for _, p := range w.ends {
+		b.Queue(insertEndPackPG, p.project, p.started, p.ended, p.n, p.records)
+	}
 }
 
 // upsertArgs are putUsagePG's arguments for rows: a column's values each.

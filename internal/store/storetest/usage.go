@@ -191,9 +191,10 @@ func testUsageSole(t *testing.T, st store.Store) {
 	if live["sb-2"].CPUUsec != 3_000_000 || live["sb-2"].Sandboxes != 1 {
 		t.Fatalf("sb-2 with its live row: %+v", live["sb-2"])
 	}
-	// Both ended 47 hours ago: expired with the ordinary rows.
-	if _, err := st.ExpireUsage(ctx, time.Now().Add(-24*time.Hour)); err != nil {
-		t.Fatal(err)
+	// Both ended 47 hours ago: expired with the ordinary rows, each
+	// report counted (sb-1's ordinary row, and the four sole reports put).
+	if n, err := st.ExpireUsage(ctx, time.Now().Add(-24*time.Hour)); err != nil || n != 5 {
+		t.Fatalf("ExpireUsage: %d rows, %v; want 5", n, err)
 	}
 	left := sumsOf(t, st, store.UsageQuery{Projects: []string{"s"}, By: "sandbox"})
 	if len(left) != 1 || left["sb-live"].CPUUsec != 4_000_000 {
