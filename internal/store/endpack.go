@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"time"
 )
@@ -83,10 +84,16 @@ func encodeEnds(rows []*UsageRow) []byte {
 		b = append(b, s...)
 	}
 	var labels []byte
-	for _, r := range rows {
+	var last map[string]string
+	for i, r := range rows {
 		str(r.Key)
 		str(r.SandboxID)
-		labels = appendLabelsJSON(labels[:0], r.Labels)
+		// A pull's records of one set of labels share its map; its
+		// JSON is made once.
+		if i == 0 || !maps.Equal(r.Labels, last) || (r.Labels == nil) != (last == nil) {
+			labels = appendLabelsJSON(labels[:0], r.Labels)
+			last = r.Labels
+		}
 		b = binary.AppendUvarint(b, uint64(len(labels)))
 		b = append(b, labels...)
 		str(r.Node)
