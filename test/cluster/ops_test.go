@@ -80,8 +80,13 @@ func BenchmarkClusterOps(b *testing.B) {
 	// after a side's deletes) in whichever side's rounds ran then, and
 	// one side's PostgreSQL CPU a sandbox read up to a third above the
 	// other's in a run, either way. No checkpoint in a run either (a run
-	// writes a few GiB of WAL).
-	settings := []string{"max_wal_size=32GB", "checkpoint_timeout=1d"}
+	// writes a few GiB of WAL), and no autovacuum: its launcher looks at
+	// each database once a minute of its server's time, so a run held
+	// one or two passes over each side's tables (sandboxes, idempotency,
+	// audit: some 100 MiB by then), in whichever rounds they fell; in one
+	// run the side with the operations on had all four of its passes in
+	// its rounds and the other none (pg_stat_user_tables).
+	settings := []string{"max_wal_size=32GB", "checkpoint_timeout=1d", "autovacuum=off"}
 	pgOn, pgOff := testutil.StartPostgresServer(b, settings...), testutil.StartPostgresServer(b, settings...)
 	// Room for every sandbox of a run without a TTL (200,000 a node was
 	// reached at 13,000 creates a second a side).
