@@ -239,6 +239,46 @@ func TestHollowLedger(t *testing.T) {
 	}
 }
 
+// TestDueDropsEnded: a round of samples drops the checkpoint entries of
+// the sandboxes that ended since (most end long before their first
+// checkpoint), and keeps those of the live ones, which are still sampled
+// at their checkpoints.
+func TestDueDropsEnded(t *testing.T) {
+	ctx := context.Background()
+	l, err := ledger.Open("h1", "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := New(Config{Node: "h1", Ledger: l})
+	spec := &dsecv1.SandboxSpec{Environment: "base:1", Labels: map[string]string{iam.ProjectLabel: "p"}}
+	var ids []string
+	for range 10 {
+		sb, err := e.Create(ctx, spec, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.GetId())
+	}
+	for _, id := range ids[:7] {
+		if err := e.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(e.due); n != 10 {
+		t.Fatalf("%d entries due before a round; want 10", n)
+	}
+	now := time.Now()
+	e.sampleLedger(now.Add(time.Second))
+	if n := len(e.due); n != 3 {
+		t.Fatalf("%d entries due after a round; want the 3 live sandboxes'", n)
+	}
+	epoch, before := l.Head()
+	e.sampleLedger(now.Add(ledger.DefaultCheckpoint + time.Second))
+	if recs, _, _ := l.Changed(epoch, before); len(recs) != 3 {
+		t.Fatalf("%d records offered at the checkpoint; want the 3 live sandboxes'", len(recs))
+	}
+}
+
 // BenchmarkSampleLedger is a round of samples of a hollow edge holding
 // 100,000 live sandboxes (bench cluster's hollow edges hold more by its
 // end), per sandbox, each round a checkpoint later (so every sandbox is

@@ -354,8 +354,8 @@ func (l *Ledger) ObserveAll(obs []Observation) {
 	}
 }
 
-// observe is Observe; the caller holds l.mu.
-func (l *Ledger) observe(id, project string, labels map[string]string, s Sample) {
+// observe is Observe, and returns the record; the caller holds l.mu.
+func (l *Ledger) observe(id, project string, labels map[string]string, s Sample) *Record {
 	r := l.recs[id]
 	if r == nil {
 		r = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: s.At, Offered: s.At, Reported: true}
@@ -392,6 +392,7 @@ func (l *Ledger) observe(id, project string, labels map[string]string, s Sample)
 	if s.At.Sub(r.Offered) >= l.checkpoint {
 		l.bump(r)
 	}
+	return r
 }
 
 // delta is what a counter grew by from prev to now; a counter that went
@@ -425,7 +426,24 @@ func (l *Ledger) End(id string, at time.Time) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if r := l.recs[id]; r != nil && r.Ended.IsZero() {
+	l.end(l.recs[id], at)
+}
+
+// Finish is Observe of last, sandbox id's last sample, then End at its
+// time, under one lock.
+func (l *Ledger) Finish(id, project string, labels map[string]string, last Sample) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.end(l.observe(id, project, labels, last), last.At)
+}
+
+// end is End of r (nil: a sandbox the ledger does not know); the caller
+// holds l.mu.
+func (l *Ledger) end(r *Record, at time.Time) {
+	if r != nil && r.Ended.IsZero() {
 		r.Ended, r.Updated = at, at
 		l.ends.push(ending{r, at.UnixNano()})
 		l.bump(r)

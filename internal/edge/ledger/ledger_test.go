@@ -469,3 +469,23 @@ func TestStoredDrops(t *testing.T) {
 	at := time.Now()
 	kept(at.Add(StoredAfter+time.Second), map[string]bool{"c": false})
 }
+
+// TestFinish: Finish is the last sample and the end at its time, as
+// Observe then End: the figures the sample brings, the record ended and
+// offered to the pulls once.
+func TestFinish(t *testing.T) {
+	l, err := Open("n1", "", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	l.Start("sb-1", "p", nil, t0, true)
+	l.Finish("sb-1", "p", nil, Sample{At: t0.Add(3 * time.Second), CPUUsec: 700, EgressBytes: 9})
+	r, ok := l.Get("sb-1")
+	if !ok || !r.Ended.Equal(t0.Add(3*time.Second)) || r.CPUUsec != 700 || r.EgressBytes != 9 {
+		t.Fatalf("after Finish: %+v, %v; want ended at its sample, 700 µs of CPU, 9 bytes out", r, ok)
+	}
+	if recs, _, _ := l.Changed("", 0); len(recs) != 1 || recs[0].GetEndedUnixMs() != t0.Add(3*time.Second).UnixMilli() || !recs[0].GetSole() {
+		t.Fatalf("pulled after Finish: %v; want sb-1's sole end", recs)
+	}
+}
