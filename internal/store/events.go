@@ -273,25 +273,33 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 func (d *sqlDB) ExpireEvents(ctx context.Context, olderThan time.Time) (int, error) {
 	var n int64
 	err := d.retry(ctx, true, func(ctx context.Context) error {
-		n = 0
-		rows, err := d.db.QueryContext(ctx, d.q(`DELETE FROM event_packs WHERE last_at{ms} < ? RETURNING last_id - first_id + 1`), d.ts(olderThan))
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k int64
-			if err := rows.Scan(&k); err != nil {
-				return err
-			}
-			n += k
-		}
-		return rows.Err()
+		var err error
+		n, err = d.deleteCounted(ctx, `DELETE FROM event_packs WHERE last_at{ms} < ? RETURNING last_id - first_id + 1`, d.ts(olderThan))
+		return err
 	})
 	if err != nil {
 		return 0, d.fail("expire events", err)
 	}
 	return int(n), nil
+}
+
+// deleteCounted runs query, a DELETE of packs returning how many items
+// each held, and returns their sum.
+func (d *sqlDB) deleteCounted(ctx context.Context, query string, args ...any) (int64, error) {
+	rows, err := d.db.QueryContext(ctx, d.q(query), args...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var n int64
+	for rows.Next() {
+		var k int64
+		if err := rows.Scan(&k); err != nil {
+			return 0, err
+		}
+		n += k
+	}
+	return n, rows.Err()
 }
 
 func (d *sqlDB) LastEventID(ctx context.Context) (int64, error) {

@@ -479,19 +479,9 @@ func (d *sqlDB) ExpireUsage(ctx context.Context, olderThan time.Time) (int, erro
 		n += ends
 		// A pack goes whole, once its latest end is past the cut: its
 		// records ended within a pull of one another.
-		rows, err := d.db.QueryContext(ctx, d.q(`DELETE FROM ledger_end_packs WHERE ended{ms} < ? RETURNING n`), d.ts(olderThan))
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k int64
-			if err := rows.Scan(&k); err != nil {
-				return err
-			}
-			n += k
-		}
-		return rows.Err()
+		packed, err := d.deleteCounted(ctx, `DELETE FROM ledger_end_packs WHERE ended{ms} < ? RETURNING n`, d.ts(olderThan))
+		n += packed
+		return err
 	})
 	if err != nil {
 		return 0, d.fail("expire usage", err)
