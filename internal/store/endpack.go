@@ -120,53 +120,24 @@ func decodeEnds(project string, b []byte, fn func(r *UsageRow, labels string)) e
 	if len(b) == 0 || b[0] != endPackFormat {
 		return fmt.Errorf("%w: format %v", errEndPack, b[:min(len(b), 1)])
 	}
-	b = b[1:]
-	bad := false
-	str := func() string {
-		n, k := binary.Uvarint(b)
-		if k <= 0 || n > uint64(len(b)-k) {
-			bad = true
-			return ""
-		}
-		s := string(b[k : k+int(n)])
-		b = b[k+int(n):]
-		return s
-	}
-	num := func() int64 {
-		v, k := binary.Varint(b)
-		if k <= 0 {
-			bad = true
-			return 0
-		}
-		b = b[k:]
-		return v
-	}
-	float := func() float64 {
-		if len(b) < 8 {
-			bad = true
-			return 0
-		}
-		v := math.Float64frombits(binary.LittleEndian.Uint64(b))
-		b = b[8:]
-		return v
-	}
-	for len(b) > 0 {
+	rd := packReader{b: b[1:]}
+	for len(rd.b) > 0 {
 		r := UsageRow{Project: project, Sole: true}
-		r.Key = str()
-		r.SandboxID = str()
-		labels := str()
-		r.Node = str()
-		r.Started = time.UnixMilli(num())
-		r.Ended = time.UnixMilli(num())
-		r.Updated = time.UnixMilli(num())
-		r.CPUUsec = num()
-		r.MemoryGiBSec = float()
-		r.DiskGiBHours = float()
-		r.DiskPeakBytes = num()
-		r.SnapshotBytes = num()
-		r.EgressBytes = num()
-		r.FnCallCalls = num()
-		if bad {
+		r.Key = rd.str()
+		r.SandboxID = rd.str()
+		labels := rd.str()
+		r.Node = rd.str()
+		r.Started = time.UnixMilli(rd.varint())
+		r.Ended = time.UnixMilli(rd.varint())
+		r.Updated = time.UnixMilli(rd.varint())
+		r.CPUUsec = rd.varint()
+		r.MemoryGiBSec = rd.float()
+		r.DiskGiBHours = rd.float()
+		r.DiskPeakBytes = rd.varint()
+		r.SnapshotBytes = rd.varint()
+		r.EgressBytes = rd.varint()
+		r.FnCallCalls = rd.varint()
+		if rd.short {
 			return fmt.Errorf("%w: a record cut short", errEndPack)
 		}
 		fn(&r, labels)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -125,35 +126,62 @@ func decodePack(b []byte, project string, first, last int64, keep func(Event) bo
 	if len(b) == 0 || b[0] != packFormat {
 		return fmt.Errorf("event pack %d–%d: unknown format", first, last)
 	}
-	b = b[1:]
-	str := func() (string, error) {
-		n, k := binary.Uvarint(b)
-		if k <= 0 || uint64(len(b)-k) < n {
-			return "", errPackTruncated
-		}
-		s := string(b[k : k+int(n)])
-		b = b[k+int(n):]
-		return s, nil
-	}
+	r := packReader{b: b[1:]}
 	for id := first; id <= last; id++ {
-		at, k := binary.Varint(b)
-		if k <= 0 {
-			return fmt.Errorf("event pack %d–%d: event %d: %w", first, last, id, errPackTruncated)
-		}
-		b = b[k:]
-		ev := Event{ID: id, At: time.UnixMilli(at), Project: project}
-		var err error
+		ev := Event{ID: id, At: time.UnixMilli(r.varint()), Project: project}
 		for _, f := range []*string{&ev.Key, &ev.SandboxID, &ev.Kind, &ev.Node, &ev.Reason, &ev.Message} {
-			if *f, err = str(); err != nil {
-				return fmt.Errorf("event pack %d–%d: event %d: %w", first, last, id, err)
-			}
+			*f = r.str()
+		}
+		if r.short {
+			return fmt.Errorf("event pack %d–%d: event %d: %w", first, last, id, errPackTruncated)
 		}
 		if !keep(ev) {
 			return nil
 		}
 	}
-	if len(b) != 0 {
-		return fmt.Errorf("event pack %d–%d: %d bytes after its last event", first, last, len(b))
+	if len(r.b) != 0 {
+		return fmt.Errorf("event pack %d–%d: %d bytes after its last event", first, last, len(r.b))
 	}
 	return nil
+}
+
+// packReader reads the fields of a pack (of events, or of ends) in turn;
+// short says one was cut short, after which each reads zero.
+type packReader struct {
+	b     []byte
+	short bool
+}
+
+// str reads a length-prefixed string.
+func (r *packReader) str() string {
+	n, k := binary.Uvarint(r.b)
+	if r.short || k <= 0 || uint64(len(r.b)-k) < n {
+		r.short = true
+		return ""
+	}
+	s := string(r.b[k : k+int(n)])
+	r.b = r.b[k+int(n):]
+	return s
+}
+
+// varint reads a signed varint.
+func (r *packReader) varint() int64 {
+	v, k := binary.Varint(r.b)
+	if r.short || k <= 0 {
+		r.short = true
+		return 0
+	}
+	r.b = r.b[k:]
+	return v
+}
+
+// float reads a float64's 8 bytes, little-endian.
+func (r *packReader) float() float64 {
+	if r.short || len(r.b) < 8 {
+		r.short = true
+		return 0
+	}
+	v := math.Float64frombits(binary.LittleEndian.Uint64(r.b))
+	r.b = r.b[8:]
+	return v
 }
