@@ -412,7 +412,7 @@ func (d *sqlDB) packedEnds(ctx context.Context, q UsageQuery, where string, args
 			return nil, err
 		}
 		err := decodeEnds(project, records, func(r *UsageRow, labels string) {
-			if !q.Since.IsZero() && r.Ended.Before(q.Since) || !q.Until.IsZero() && !r.Started.Before(q.Until) {
+			if !q.selects(*r) {
 				return
 			}
 			if p, ok := out[r.Key]; ok {
