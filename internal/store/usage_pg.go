@@ -27,20 +27,19 @@ const insertEndPackPG = `INSERT INTO ledger_end_packs (project, started, ended, 
 
 // PutUsage on PostgreSQL upserts the rows in one statement (putUsagePG)
 // and stores the sandboxes' sole reports in packs (insertEndPackPG), in
-// one round trip and one transaction. One statement cannot change a row
-// twice, so rows of one key are merged first, as the store would merge
-// them one after the other.
+// one batch: one round trip, one implicit transaction. One statement
+// cannot change a row twice, so rows of one key are merged first, as the
+// store would merge them one after the other.
 func (s *pgStore) PutUsage(ctx context.Context, rows ...UsageRow) error {
 	if err := checkUsageRows(rows); err != nil || len(rows) == 0 {
 		return err
 	}
 	w := newLedgerWrite(splitAppended(rows))
 	err := s.retry(ctx, true, func(ctx context.Context) error {
-		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			b := &pgx.Batch{}
-			w.queue(b)
-			return tx.SendBatch(ctx, b).Close()
-		})
+		// A batch is one implicit transaction: all of it or nothing.
+		b := &pgx.Batch{}
+		w.queue(b)
+		return s.pool.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
 		return s.fail(fmt.Sprintf("put %d usage rows", len(rows)), err)
