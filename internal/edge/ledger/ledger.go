@@ -31,7 +31,6 @@ package ledger
 
 import (
 	"cmp"
-	"container/list"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -86,8 +85,9 @@ type Sample struct {
 	EgressBytes int64
 }
 
-// Record is one sandbox's ledger entry: the figures, and what the next
-// sample is integrated from.
+// Record is one sandbox's ledger entry as Get returns it and the
+// ledger's file keeps it: the figures, and what the next sample is
+// integrated from.
 type Record struct {
 	SandboxID     string            `json:"sandbox_id"`
 	Project       string            `json:"project"`
@@ -121,9 +121,110 @@ type Record struct {
 	// offered, which the store appends rather than looking its key up
 	// (store.UsageRow.Sole).
 	Reported bool `json:"reported,omitempty"`
+}
 
-	seq  uint64
-	elem *list.Element // in Ledger.bySeq once changed
+// entry is a Record as the ledger holds it: its times in Unix
+// nanoseconds (0: none), linked into the ledger's changed entries by
+// itself. A hollow edge's ledger holds hundreds of thousands, each made
+// and dropped within seconds: as a Record (288 bytes, and a list element
+// of 48 for its place among the changed) they were a tenth of what the
+// edge allocated in bench cluster.
+type entry struct {
+	id, project string
+	labels      map[string]string
+	started     int64
+	ended       int64
+	updated     int64
+	offered     int64
+	cpuUsec     int64
+	memGiBSec   float64
+	diskGiBH    float64
+	diskPeak    int64
+	snapshot    int64
+	egress      int64
+	last        sample
+	sampled     bool
+	fromZero    bool
+	reported    bool
+	// dropped: the ledger forgot it (no longer in Ledger.recs).
+	dropped bool
+	// seq is its version; 0 until it is first offered to the pulls,
+	// when it joins the changed entries, between prev and next.
+	seq        uint64
+	prev, next *entry
+}
+
+// sample is a Sample as an entry keeps it.
+type sample struct {
+	at                         int64
+	cpuUsec, mem, disk, egress int64
+}
+
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func timeOf(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// millis is Unix nanoseconds ns in Unix milliseconds.
+func millis(ns int64) int64 { return ns / int64(time.Millisecond) }
+
+// record is r as Get returns it and the file keeps it.
+func (r *entry) record() Record {
+	return Record{SandboxID: r.id, Project: r.project, Labels: r.labels, Started: timeOf(r.started), Ended: timeOf(r.ended),
+		Updated: timeOf(r.updated), CPUUsec: r.cpuUsec, MemoryGiBSec: r.memGiBSec, DiskGiBHours: r.diskGiBH,
+		DiskPeakBytes: r.diskPeak, SnapshotBytes: r.snapshot, EgressBytes: r.egress,
+		Last: Sample{At: timeOf(r.last.at), CPUUsec: r.last.cpuUsec, MemoryBytes: r.last.mem, DiskBytes: r.last.disk,
+			EgressBytes: r.last.egress},
+		Sampled: r.sampled, FromZero: r.fromZero, Offered: timeOf(r.offered), Reported: r.reported}
+}
+
+// entryOf is r as the ledger holds it.
+func entryOf(r *Record) *entry {
+	return &entry{id: r.SandboxID, project: r.Project, labels: r.Labels, started: nanos(r.Started), ended: nanos(r.Ended),
+		updated: nanos(r.Updated), offered: nanos(r.Offered), cpuUsec: r.CPUUsec, memGiBSec: r.MemoryGiBSec,
+		diskGiBH: r.DiskGiBHours, diskPeak: r.DiskPeakBytes, snapshot: r.SnapshotBytes, egress: r.EgressBytes,
+		last: sample{at: nanos(r.Last.At), cpuUsec: r.Last.CPUUsec, mem: r.Last.MemoryBytes, disk: r.Last.DiskBytes,
+			egress: r.Last.EgressBytes},
+		sampled: r.Sampled, fromZero: r.FromZero, reported: r.Reported}
+}
+
+// seqList is the entries offered to the pulls, by version, oldest first,
+// linked through the entries.
+type seqList struct{ front, back *entry }
+
+// remove takes r, which is in q, out of it.
+func (q *seqList) remove(r *entry) {
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		q.front = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else {
+		q.back = r.prev
+	}
+	r.prev, r.next = nil, nil
+}
+
+// pushBack puts r, which is not in q, at its back.
+func (q *seqList) pushBack(r *entry) {
+	r.prev, r.next = q.back, nil
+	if q.back != nil {
+		q.back.next = r
+	} else {
+		q.front = r
+	}
+	q.back = r
 }
 
 // Ledger is a node's cost ledger. It is safe for concurrent use; a nil
@@ -138,8 +239,8 @@ type Ledger struct {
 
 	mu    sync.Mutex
 	seq   uint64
-	recs  map[string]*Record
-	bySeq *list.List // the changed records (*Record), by seq, oldest first
+	recs  map[string]*entry
+	bySeq seqList // the entries offered to the pulls, by seq, oldest first
 	// ends are the ended records in the order End was called, each with
 	// its end, for Save to drop those stored or ended more than Keep ago
 	// without reading every record (a hollow edge's ledger holds hundreds
@@ -163,7 +264,7 @@ type asked struct {
 // ending is a record and when it ended (Unix nanoseconds), in
 // Ledger.ends.
 type ending struct {
-	r  *Record
+	r  *entry
 	at int64
 }
 
@@ -210,7 +311,7 @@ func (q *endQueue) pop() {
 func Open(node, path string, log *slog.Logger) (*Ledger, error) {
 	var b [8]byte
 	rand.Read(b[:])
-	l := &Ledger{node: node, epoch: hex.EncodeToString(b[:]), path: path, log: log, recs: map[string]*Record{}, bySeq: list.New(),
+	l := &Ledger{node: node, epoch: hex.EncodeToString(b[:]), path: path, log: log, recs: map[string]*entry{},
 		checkpoint: DefaultCheckpoint}
 	if path == "" {
 		return l, nil
@@ -229,11 +330,15 @@ func Open(node, path string, log *slog.Logger) (*Ledger, error) {
 		return l, nil
 	}
 	var ends []ending
-	for _, r := range recs {
-		l.recs[r.SandboxID] = r
+	for _, rec := range recs {
+		r := entryOf(rec)
+		if old := l.recs[r.id]; old != nil {
+			l.drop(old) // twice in the file: the later one counts
+		}
+		l.recs[r.id] = r
 		l.bump(r)
-		if !r.Ended.IsZero() {
-			ends = append(ends, ending{r, r.Ended.UnixNano()})
+		if r.ended != 0 {
+			ends = append(ends, ending{r, r.ended})
 		}
 	}
 	slices.SortFunc(ends, func(a, b ending) int { return cmp.Compare(a.at, b.at) })
@@ -283,39 +388,39 @@ func (l *Ledger) Start(id, project string, labels map[string]string, at time.Tim
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.recs[id]
-	if r != nil && r.Ended.IsZero() {
+	if r != nil && r.ended == 0 {
 		return
 	}
 	if r != nil {
 		l.drop(r)
 	}
 	// Not bumped: nothing to pull until its first checkpoint or its end.
-	l.recs[id] = &Record{SandboxID: id, Project: project, Labels: labels, Started: at, Updated: at, FromZero: fresh, Offered: at}
+	ns := at.UnixNano()
+	l.recs[id] = &entry{id: id, project: project, labels: labels, started: ns, updated: ns, fromZero: fresh, offered: ns}
 }
 
 // bump raises the ledger's version to r's: r is the newest change,
 // offered to the pulls; the caller holds l.mu.
-func (l *Ledger) bump(r *Record) {
+func (l *Ledger) bump(r *entry) {
+	if r.seq != 0 {
+		l.bySeq.remove(r)
+	}
 	l.seq++
 	r.seq = l.seq
-	r.Offered = r.Updated
-	if r.Ended.IsZero() {
-		r.Reported = true
-	}
-	if r.elem == nil {
-		r.elem = l.bySeq.PushBack(r)
-	} else {
-		l.bySeq.MoveToBack(r.elem)
+	l.bySeq.pushBack(r)
+	r.offered = r.updated
+	if r.ended == 0 {
+		r.reported = true
 	}
 }
 
 // drop forgets r; the caller holds l.mu.
-func (l *Ledger) drop(r *Record) {
-	if r.elem != nil {
-		l.bySeq.Remove(r.elem)
-		r.elem = nil
+func (l *Ledger) drop(r *entry) {
+	if r.seq != 0 {
+		l.bySeq.remove(r)
 	}
-	delete(l.recs, r.SandboxID)
+	r.dropped = true
+	delete(l.recs, r.id)
 }
 
 // Observe adds sample s of sandbox id: the CPU time and egress since the
@@ -355,45 +460,49 @@ func (l *Ledger) ObserveAll(obs []Observation) {
 }
 
 // observe is Observe, and returns the record; the caller holds l.mu.
-func (l *Ledger) observe(id, project string, labels map[string]string, s Sample) *Record {
+func (l *Ledger) observe(id, project string, labels map[string]string, s Sample) *entry {
+	at := s.At.UnixNano()
 	r := l.recs[id]
 	if r == nil {
-		r = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: s.At, Offered: s.At, Reported: true}
+		r = &entry{id: id, project: project, labels: maps.Clone(labels), started: at, offered: at, reported: true}
 		l.recs[id] = r
 	}
 	switch {
-	case !r.Sampled && r.FromZero:
-		r.CPUUsec += s.CPUUsec
-		r.EgressBytes += s.EgressBytes
+	case !r.sampled && r.fromZero:
+		r.cpuUsec += s.CPUUsec
+		r.egress += s.EgressBytes
 		// Nothing before the first sample is known but the start: the
 		// sizes grew from 0 since then.
-		if dt := s.At.Sub(r.Started).Seconds(); dt > 0 {
-			r.MemoryGiBSec += float64(s.MemoryBytes) / 2 * dt / gib
-			r.DiskGiBHours += float64(s.DiskBytes) / 2 * dt / gib / 3600
+		if dt := seconds(at - r.started); dt > 0 {
+			r.memGiBSec += float64(s.MemoryBytes) / 2 * dt / gib
+			r.diskGiBH += float64(s.DiskBytes) / 2 * dt / gib / 3600
 		}
-	case r.Sampled:
-		r.CPUUsec += delta(r.Last.CPUUsec, s.CPUUsec)
-		r.EgressBytes += delta(r.Last.EgressBytes, s.EgressBytes)
-		if dt := s.At.Sub(r.Last.At).Seconds(); dt > 0 {
-			r.MemoryGiBSec += float64(r.Last.MemoryBytes+s.MemoryBytes) / 2 * dt / gib
-			r.DiskGiBHours += float64(r.Last.DiskBytes+s.DiskBytes) / 2 * dt / gib / 3600
+	case r.sampled:
+		r.cpuUsec += delta(r.last.cpuUsec, s.CPUUsec)
+		r.egress += delta(r.last.egress, s.EgressBytes)
+		if dt := seconds(at - r.last.at); dt > 0 {
+			r.memGiBSec += float64(r.last.mem+s.MemoryBytes) / 2 * dt / gib
+			r.diskGiBH += float64(r.last.disk+s.DiskBytes) / 2 * dt / gib / 3600
 		}
 	}
-	r.Sampled = true
-	r.Last = s
-	r.DiskPeakBytes = max(r.DiskPeakBytes, s.DiskBytes)
-	r.Updated = s.At
-	if project != "" || r.Project == "" {
-		r.Project = project
+	r.sampled = true
+	r.last = sample{at: at, cpuUsec: s.CPUUsec, mem: s.MemoryBytes, disk: s.DiskBytes, egress: s.EgressBytes}
+	r.diskPeak = max(r.diskPeak, s.DiskBytes)
+	r.updated = at
+	if project != "" || r.project == "" {
+		r.project = project
 	}
-	if labels != nil && !maps.Equal(r.Labels, labels) {
-		r.Labels = maps.Clone(labels)
+	if labels != nil && !maps.Equal(r.labels, labels) {
+		r.labels = maps.Clone(labels)
 	}
-	if s.At.Sub(r.Offered) >= l.checkpoint {
+	if at-r.offered >= int64(l.checkpoint) {
 		l.bump(r)
 	}
 	return r
 }
+
+// seconds is ns nanoseconds in seconds.
+func seconds(ns int64) float64 { return time.Duration(ns).Seconds() }
 
 // delta is what a counter grew by from prev to now; a counter that went
 // back was made again and counts from 0.
@@ -412,8 +521,8 @@ func (l *Ledger) AddSnapshot(id string, bytes int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r := l.recs[id]; r != nil {
-		r.SnapshotBytes += bytes
-		r.Updated = time.Now()
+		r.snapshot += bytes
+		r.updated = time.Now().UnixNano()
 		l.bump(r)
 	}
 }
@@ -442,10 +551,11 @@ func (l *Ledger) Finish(id, project string, labels map[string]string, last Sampl
 
 // end is End of r (nil: a sandbox the ledger does not know); the caller
 // holds l.mu.
-func (l *Ledger) end(r *Record, at time.Time) {
-	if r != nil && r.Ended.IsZero() {
-		r.Ended, r.Updated = at, at
-		l.ends.push(ending{r, at.UnixNano()})
+func (l *Ledger) end(r *entry, at time.Time) {
+	if r != nil && r.ended == 0 {
+		r.ended = at.UnixNano()
+		r.updated = r.ended
+		l.ends.push(ending{r, r.ended})
 		l.bump(r)
 	}
 }
@@ -469,7 +579,7 @@ func (l *Ledger) Changed(epoch string, after uint64) (recs []*dsecv1.UsageRecord
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.changed(epoch, after, func(r *Record) { recs = append(recs, l.msg(r)) })
+	l.changed(epoch, after, func(r *entry) { recs = append(recs, l.msg(r)) })
 	return recs, l.epoch, l.seq
 }
 
@@ -477,17 +587,13 @@ func (l *Ledger) Changed(epoch string, after uint64) (recs []*dsecv1.UsageRecord
 // (of another epoch: every record kept), newest first, back to the
 // caller's version: a pull reads what changed, not the whole ledger. The
 // caller holds l.mu.
-func (l *Ledger) changed(epoch string, after uint64, fn func(r *Record)) {
+func (l *Ledger) changed(epoch string, after uint64, fn func(r *entry)) {
 	if epoch != l.epoch {
 		after = 0
 	} else {
 		l.ask(after, time.Now())
 	}
-	for e := l.bySeq.Back(); e != nil; e = e.Prev() {
-		r := e.Value.(*Record)
-		if r.seq <= after {
-			return
-		}
+	for r := l.bySeq.back; r != nil && r.seq > after; r = r.prev {
 		fn(r)
 	}
 }
@@ -514,7 +620,7 @@ func (l *Ledger) ask(after uint64, now time.Time) {
 }
 
 // sole says r's end is the only report of it ever offered (Reported).
-func (r *Record) sole() bool { return !r.Ended.IsZero() && !r.Reported }
+func (r *entry) sole() bool { return r.ended != 0 && !r.reported }
 
 // ChangedPacked is Changed with the records packed (pullpack), in buf's
 // space (nil: new), where it made a message of each.
@@ -525,7 +631,7 @@ func (l *Ledger) ChangedPacked(epoch string, after uint64, buf []byte) (page []b
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var w *pullpack.RecordWriter
-	l.changed(epoch, after, func(r *Record) {
+	l.changed(epoch, after, func(r *entry) {
 		if w == nil {
 			if buf == nil {
 				// Room for the records changed, as a hollow node's take:
@@ -534,12 +640,9 @@ func (l *Ledger) ChangedPacked(epoch string, after uint64, buf []byte) (page []b
 			}
 			w = pullpack.NewRecordWriter(buf, l.node)
 		}
-		p := pullpack.Record{SandboxID: r.SandboxID, Project: r.Project, Labels: r.Labels, StartedUnixMs: r.Started.UnixMilli(),
-			UpdatedUnixMs: r.Updated.UnixMilli(), CPUUsec: r.CPUUsec, MemoryGiBSeconds: r.MemoryGiBSec, DiskGiBHours: r.DiskGiBHours,
-			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes, Sole: r.sole()}
-		if !r.Ended.IsZero() {
-			p.EndedUnixMs = r.Ended.UnixMilli()
-		}
+		p := pullpack.Record{SandboxID: r.id, Project: r.project, Labels: r.labels, StartedUnixMs: millis(r.started),
+			UpdatedUnixMs: millis(r.updated), EndedUnixMs: millis(r.ended), CPUUsec: r.cpuUsec, MemoryGiBSeconds: r.memGiBSec,
+			DiskGiBHours: r.diskGiBH, DiskPeakBytes: r.diskPeak, SnapshotBytes: r.snapshot, EgressBytes: r.egress, Sole: r.sole()}
 		w.Add(&p)
 	})
 	if w == nil {
@@ -560,10 +663,10 @@ func (l *Ledger) Live(projects []string, now time.Time) []*dsecv1.UsageRecord {
 	defer l.mu.Unlock()
 	var out []*dsecv1.UsageRecord
 	for _, r := range l.recs {
-		if !r.Ended.IsZero() && now.Sub(r.Ended) > LiveEnded && r.seq <= l.stored {
+		if r.ended != 0 && now.UnixNano()-r.ended > int64(LiveEnded) && r.seq <= l.stored {
 			continue
 		}
-		if len(projects) > 0 && !slices.ContainsFunc(projects, func(p string) bool { return under(r.Project, p) }) {
+		if len(projects) > 0 && !slices.ContainsFunc(projects, func(p string) bool { return under(r.project, p) }) {
 			continue
 		}
 		out = append(out, l.msg(r))
@@ -581,16 +684,11 @@ func under(project, path string) bool {
 // msg is r as the pulls and Live send it. Its labels are r's map, not a
 // copy: the ledger never changes a record's map in place (a change of
 // labels replaces it), and the message is only read.
-func (l *Ledger) msg(r *Record) *dsecv1.UsageRecord {
-	m := &dsecv1.UsageRecord{SandboxId: r.SandboxID, Project: r.Project, Labels: r.Labels, Node: l.node,
-		StartedUnixMs: r.Started.UnixMilli(), UpdatedUnixMs: r.Updated.UnixMilli(),
-		Usage: &dsecv1.UsageFigures{CpuUsec: r.CPUUsec, MemoryGibSeconds: r.MemoryGiBSec, DiskGibHours: r.DiskGiBHours,
-			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes, Sandboxes: 1}}
-	if !r.Ended.IsZero() {
-		m.EndedUnixMs = r.Ended.UnixMilli()
-	}
-	m.Sole = r.sole()
-	return m
+func (l *Ledger) msg(r *entry) *dsecv1.UsageRecord {
+	return &dsecv1.UsageRecord{SandboxId: r.id, Project: r.project, Labels: r.labels, Node: l.node,
+		StartedUnixMs: millis(r.started), UpdatedUnixMs: millis(r.updated), EndedUnixMs: millis(r.ended), Sole: r.sole(),
+		Usage: &dsecv1.UsageFigures{CpuUsec: r.cpuUsec, MemoryGibSeconds: r.memGiBSec, DiskGibHours: r.diskGiBH,
+			DiskPeakBytes: r.diskPeak, SnapshotBytes: r.snapshot, EgressBytes: r.egress, Sandboxes: 1}}
 }
 
 // Get returns a copy of sandbox id's record.
@@ -604,7 +702,7 @@ func (l *Ledger) Get(id string) (Record, bool) {
 	if !ok {
 		return Record{}, false
 	}
-	return *r, true
+	return r.record(), true
 }
 
 // Save drops the records of sandboxes that ended more than LiveEnded ago
@@ -631,7 +729,7 @@ func (l *Ledger) Save(now time.Time) error {
 			break
 		}
 		age := now.UnixNano() - d.at
-		current := l.recs[d.r.SandboxID] == d.r && d.r.Ended.UnixNano() == d.at
+		current := !d.r.dropped && d.r.ended == d.at
 		if age <= int64(Keep) && (age <= int64(LiveEnded) || current && d.r.seq > l.stored) {
 			break
 		}
@@ -640,13 +738,11 @@ func (l *Ledger) Save(now time.Time) error {
 		}
 		l.ends.pop()
 	}
-	var recs []*Record
+	var recs []Record
 	if l.path != "" {
-		recs = make([]*Record, 0, len(l.recs))
+		recs = make([]Record, 0, len(l.recs))
 		for _, r := range l.recs {
-			c := *r
-			c.elem = nil
-			recs = append(recs, &c)
+			recs = append(recs, r.record())
 		}
 	}
 	l.mu.Unlock()

@@ -230,7 +230,6 @@ func TestObserveAll(t *testing.T) {
 		if !ok || !ok2 {
 			t.Fatalf("%s: kept %v one at a time, %v at once", id, ok, ok2)
 		}
-		a.elem, b.elem = nil, nil
 		if a.CPUUsec != b.CPUUsec || a.MemoryGiBSec != b.MemoryGiBSec || a.DiskGiBHours != b.DiskGiBHours || a.Project != b.Project ||
 			!a.Updated.Equal(b.Updated) || a.CPUUsec == 0 {
 			t.Fatalf("%s: one at a time %+v, at once %+v", id, a, b)
