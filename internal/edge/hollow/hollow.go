@@ -93,7 +93,7 @@ type Edge struct {
 	started  time.Time // when the edge began counting ended
 	// due is when each sandbox with a ledger record is next sampled,
 	// soonest first (sampleLedger).
-	due []dueSample
+	due []dueCheck
 	// expiries is when each sandbox with a TTL runs out of it (a heap,
 	// soonest first): an entry whose sandbox's expiry moved since (a
 	// SetTimeout, a resume: each pushes one of its own) or that ended
@@ -104,6 +104,15 @@ type Edge struct {
 // dueSample is when sandbox id's next sample, or its expiry, is due.
 type dueSample struct {
 	id string
+	at time.Time
+}
+
+// dueCheck is when sandbox sb's next sample is due. It holds the sandbox,
+// not its ID: a round of samples reads each entry's state to drop those
+// that ended, and looking each up in sbs was most of what the ledger's
+// rounds cost on a busy hollow edge.
+type dueCheck struct {
+	sb *dsecv1.Sandbox
 	at time.Time
 }
 
@@ -211,7 +220,7 @@ func (e *Edge) create(ctx context.Context, spec *dsecv1.SandboxSpec, token strin
 	started := time.Now()
 	if e.cfg.Ledger != nil {
 		e.cfg.Ledger.Start(sb.Id, spec.GetLabels()[iam.ProjectLabel], spec.GetLabels(), started, true)
-		e.due = append(e.due, dueSample{sb.Id, started.Add(e.cfg.Ledger.Checkpoint())})
+		e.due = append(e.due, dueCheck{sb, started.Add(e.cfg.Ledger.Checkpoint())})
 	}
 	sb.StartedUnixMs, sb.LastActiveUnixMs = started.UnixMilli(), started.UnixMilli()
 	if ttl := spec.GetTtlSeconds(); ttl > 0 {
@@ -703,14 +712,13 @@ func (e *Edge) sampleLedger(now time.Time) {
 	obs := make([]ledger.Observation, 0, sampleChunk)
 	e.mu.Lock()
 	for len(e.due) > 0 && !e.due[0].at.After(now) {
-		d := e.due[0]
+		sb := e.due[0].sb
 		e.due = e.due[1:]
-		sb, ok := e.sbs[d.id]
-		if !ok || !sampled(sb) {
+		if !sampled(sb) {
 			continue // ended: its last sample came at its delete
 		}
-		obs = append(obs, ledger.Observation{ID: d.id, Sample: Usage(sb, now)})
-		e.due = append(e.due, dueSample{d.id, now.Add(every)})
+		obs = append(obs, ledger.Observation{ID: sb.GetId(), Sample: Usage(sb, now)})
+		e.due = append(e.due, dueCheck{sb, now.Add(every)})
 		if len(obs) == sampleChunk {
 			// Under e.mu still: a delete's last sample and end come
 			// before or after these, never between.
@@ -728,7 +736,7 @@ func (e *Edge) sampleLedger(now time.Time) {
 	// an eight-round BenchmarkClusterOps).
 	kept := e.due[:0]
 	for _, d := range e.due {
-		if sb, ok := e.sbs[d.id]; ok && sampled(sb) {
+		if sampled(d.sb) {
 			kept = append(kept, d)
 		}
 	}
