@@ -258,7 +258,11 @@ func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]s
 				continue
 			}
 			to = append(to, next)
-			evs = append(evs, got...)
+			if evs == nil {
+				evs = got // most rounds hear from one node: its page, not a copy
+			} else {
+				evs = append(evs, got...)
+			}
 			more = more || len(got) == eventPage
 		}
 		if len(to) == 0 {

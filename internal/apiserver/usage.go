@@ -152,7 +152,7 @@ func pulledUsage(m *edgev1.EventsResponse) ([]store.UsageRow, error) {
 	if len(m.GetPackedUsage()) == 0 {
 		return usageRows(m.GetUsage()), nil
 	}
-	var rows []store.UsageRow
+	rows := make([]store.UsageRow, 0, pullpack.RecordCount(m.GetPackedUsage()))
 	err := pullpack.ReadRecords(m.GetPackedUsage(), func(node string, r pullpack.Record) {
 		rows = append(rows, store.UsageRow{Key: r.SandboxID, SandboxID: r.SandboxID, Project: r.Project, Labels: r.Labels, Node: node,
 			Started: timeOf(r.StartedUnixMs), Ended: timeOf(r.EndedUnixMs), Updated: timeOf(r.UpdatedUnixMs), Sole: r.Sole && r.EndedUnixMs != 0,

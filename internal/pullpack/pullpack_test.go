@@ -116,6 +116,19 @@ func TestRecordsRoundTrip(t *testing.T) {
 		t.Error("the same labels in another order read as two maps")
 	}
 	page := w.Bytes()
+	if n := RecordCount(page); n != len(recs) {
+		t.Fatalf("RecordCount: %d, want %d", n, len(recs))
+	}
+	// A page that claims more records than it has bytes for, or is not
+	// a page at all, gets no room made for it.
+	if n := RecordCount([]byte{format, 0, 0xff, 0xff, 0xff, 0xff, 1, 2}); n != 2 {
+		t.Fatalf("RecordCount of a page claiming 2^32-1 records in 2 bytes: %d, want 2", n)
+	}
+	for _, bad := range [][]byte{nil, {format}, {format, 0, 0}, {0x7f, 0, 0, 0, 0, 1}} {
+		if n := RecordCount(bad); n != 0 {
+			t.Fatalf("RecordCount(%v): %d, want 0", bad, n)
+		}
+	}
 	for cut := range len(page) - 1 {
 		if err := ReadRecords(page[:cut+1], func(string, Record) {}); err == nil {
 			t.Fatalf("a page cut at %d of %d bytes reads", cut+1, len(page))

@@ -99,6 +99,22 @@ func (rw *RecordWriter) Len() int { return rw.w.n }
 // Bytes is the page.
 func (rw *RecordWriter) Bytes() []byte { return rw.w.Bytes() }
 
+// RecordCount is how many records ledger page data says it holds, for
+// a reader to make room for them: at most one a byte of the page (a
+// record takes more), 0 for a page that is not one.
+func RecordCount(data []byte) int {
+	r, err := newReader(data)
+	if err != nil {
+		return 0
+	}
+	r.str(false)
+	n := r.count()
+	if r.err != nil {
+		return 0
+	}
+	return min(int(n), len(r.b))
+}
+
 // ReadRecords reads ledger page data, calling fn with the node's name and
 // each record, in order; it stops at the first fault, which it returns (a
 // page cut short, or with bytes past its last record, is one). Records
