@@ -320,6 +320,9 @@ func runClusterRounds(ctx context.Context, sides [2]ClusterSide, o ClusterOption
 			if err != nil {
 				return sums, err
 			}
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "round %d of %d, %s: %.0f sandboxes/s\n", round+1, rounds, side.Name, r.SandboxesPerSec)
+			}
 			add(&sums[i], r)
 		}
 	}

@@ -105,6 +105,11 @@ func BenchmarkClusterOps(b *testing.B) {
 	// and gives it the first round: whatever favours one side for being
 	// first then favours the other, and a run each way cancels it.
 	swap := os.Getenv("DSEC_BENCH_SWAP") != ""
+	// DSEC_BENCH_PROGRESS=1 writes each round's rate as it ends.
+	var progress io.Writer
+	if os.Getenv("DSEC_BENCH_PROGRESS") != "" {
+		progress = os.Stderr
+	}
 	var ttl time.Duration
 	if v := os.Getenv("DSEC_BENCH_TTL"); v != "" {
 		var err error
@@ -193,7 +198,7 @@ func BenchmarkClusterOps(b *testing.B) {
 			sides[0], sides[1] = sides[1], sides[0]
 		}
 		rep, err := bench.RunClusterCompare(ctx, sides, bench.ClusterOptions{Env: "base:1", Duration: time.Duration(rounds) * 20 * time.Second,
-			TTL: ttl, Batch: 50, BatchWorkers: 6, SingleWorkers: 40}, rounds, 0.98)
+			TTL: ttl, Batch: 50, BatchWorkers: 6, SingleWorkers: 40, Progress: progress}, rounds, 0.98)
 		cpu.switchTo("")
 		thaw(ctx, on, pgOn, nil)
 		thaw(ctx, off, pgOff, nil)
