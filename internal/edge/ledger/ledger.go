@@ -160,6 +160,7 @@ type sample struct {
 	cpuUsec, mem, disk, egress int64
 }
 
+// nanos is t in Unix nanoseconds, 0 for the zero time.
 func nanos(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
@@ -167,6 +168,7 @@ func nanos(t time.Time) int64 {
 	return t.UnixNano()
 }
 
+// timeOf is Unix nanoseconds ns as a time, the zero time for 0.
 func timeOf(ns int64) time.Time {
 	if ns == 0 {
 		return time.Time{}
