@@ -199,16 +199,15 @@ func entryOf(r *Record) *entry {
 		sampled: r.Sampled, fromZero: r.FromZero, reported: r.Reported}
 }
 
-// seqList is the entries offered to the pulls, by version, oldest first,
-// linked through the entries.
-type seqList struct{ front, back *entry }
+// seqList is the entries offered to the pulls, by version, linked
+// through the entries from the newest (back) to the oldest: the pulls
+// read it from the back, so nothing keeps its front.
+type seqList struct{ back *entry }
 
 // remove takes r, which is in q, out of it.
 func (q *seqList) remove(r *entry) {
 	if r.prev != nil {
 		r.prev.next = r.next
-	} else {
-		q.front = r.next
 	}
 	if r.next != nil {
 		r.next.prev = r.prev
@@ -223,8 +222,6 @@ func (q *seqList) pushBack(r *entry) {
 	r.prev, r.next = q.back, nil
 	if q.back != nil {
 		q.back.next = r
-	} else {
-		q.front = r
 	}
 	q.back = r
 }
