@@ -103,16 +103,22 @@ func (rw *RecordWriter) Bytes() []byte { return rw.w.Bytes() }
 // a reader to make room for them: at most one a byte of the page (a
 // record takes more), 0 for a page that is not one.
 func RecordCount(data []byte) int {
-	r, err := newReader(data)
+	r, _, n, err := readRecordHeader(data)
 	if err != nil {
 		return 0
 	}
-	r.str(false)
-	n := r.count()
-	if r.err != nil {
-		return 0
-	}
 	return min(int(n), len(r.b))
+}
+
+// readRecordHeader reads ledger page data's header: the node's name and
+// how many records follow, which r reads next.
+func readRecordHeader(data []byte) (r *reader, node string, count uint32, err error) {
+	if r, err = newReader(data); err != nil {
+		return nil, "", 0, err
+	}
+	node = r.str(false)
+	count = r.count()
+	return r, node, count, r.err
 }
 
 // ReadRecords reads ledger page data, calling fn with the node's name and
@@ -121,14 +127,9 @@ func RecordCount(data []byte) int {
 // with the same labels share one map, and projects repeated share their
 // string: fn may keep them, and must not change the maps.
 func ReadRecords(data []byte, fn func(node string, r Record)) error {
-	r, err := newReader(data)
+	r, node, count, err := readRecordHeader(data)
 	if err != nil {
 		return err
-	}
-	node := r.str(false)
-	count := r.count()
-	if r.err != nil {
-		return r.err
 	}
 	labelSets := map[string]map[string]string{} // by their packed bytes
 	for range count {

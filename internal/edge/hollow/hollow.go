@@ -101,7 +101,7 @@ type Edge struct {
 	expiries expiries
 }
 
-// dueSample is when sandbox id's next sample, or its expiry, is due.
+// dueSample is when sandbox id's expiry is due.
 type dueSample struct {
 	id string
 	at time.Time
